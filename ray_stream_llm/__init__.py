@@ -1,0 +1,1 @@
+"""Streaming vLLM weights from object storage in Ray Data LLM."""
