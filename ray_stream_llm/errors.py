@@ -1,0 +1,44 @@
+"""Errors raised by ray-stream-llm.
+
+Each class also subclasses the builtin that fits, so callers may catch either:
+``except ModelNotFoundError`` or ``except FileNotFoundError``. Every message
+names the bad value and says how to fix it.
+"""
+
+from __future__ import annotations
+
+
+class RayStreamLLMError(Exception):
+    """Base class of every error this library raises on purpose."""
+
+
+class InvalidModelURIError(RayStreamLLMError, ValueError):
+    """The model URI is malformed or uses a scheme the streamer cannot read."""
+
+
+class UnsupportedLoadFormatError(RayStreamLLMError, ValueError):
+    """``engine_kwargs['load_format']`` looks like a streaming format but is not one."""
+
+
+class UnsafeObjectKeyError(RayStreamLLMError, ValueError):
+    """An object key would be written outside the destination directory."""
+
+
+class ModelNotFoundError(RayStreamLLMError, FileNotFoundError):
+    """The bucket, the prefix or a file the model needs does not exist."""
+
+
+class AccessDeniedError(RayStreamLLMError, PermissionError):
+    """The object store refused the credentials (or their absence)."""
+
+
+class StoreUnreachableError(RayStreamLLMError, ConnectionError):
+    """The object store endpoint could not be reached or does not speak S3."""
+
+
+class StoreTimeoutError(RayStreamLLMError, TimeoutError):
+    """The object store did not answer in time."""
+
+
+class MissingBackendError(RayStreamLLMError, ImportError):
+    """A package needed for this URI scheme is not installed."""

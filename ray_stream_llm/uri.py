@@ -1,0 +1,139 @@
+"""Parse and normalise object-store model URIs.
+
+One table of schemes: what the Run:ai streamer reads (``s3://``, ``gs://``,
+``az://``), and the spellings users try that it does not read, each with the
+form to use instead. A model URI always names a "directory": with or without a
+trailing slash it means the same model, and the normalised form ends in ``/``
+so that ``s3://b/llama`` never also matches ``s3://b/llama-2/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+# scheme -> (package that backs it in the streamer, pip line)
+STREAMABLE_SCHEMES: dict[str, tuple[str, str]] = {
+    "s3": ("runai_model_streamer_s3", "pip install 'runai-model-streamer[s3]==0.17.1'"),
+    "gs": ("runai_model_streamer_gcs", "pip install 'runai-model-streamer[gcs]==0.17.1'"),
+    "az": ("runai_model_streamer_azure", "pip install 'runai-model-streamer[azure]==0.17.1'"),
+}
+
+# Schemes that look right but the streamer does not read: the fix for each.
+_REFUSED_SCHEMES: dict[str, str] = {
+    "s3a": "use s3://{rest} (s3a:// is Hadoop's name for the same store)",
+    "s3n": "use s3://{rest} (s3n:// is Hadoop's name for the same store)",
+    "gcs": "use gs://{rest}",
+    "abfss": "use az://<container>/<path> and set the storage account in the Azure settings",
+    "abfs": "use az://<container>/<path> and set the storage account in the Azure settings",
+    "azure": "use az://{rest}",
+    "http": "give the bucket URI (s3://bucket/prefix/) and the endpoint separately "
+    "(AWS_ENDPOINT_URL); signed or plain HTTP URLs cannot be listed",
+    "https": "give the bucket URI (s3://bucket/prefix/) and the endpoint separately "
+    "(AWS_ENDPOINT_URL); signed or plain HTTP URLs cannot be listed",
+    "file": "a local path needs no streaming from object storage; pass the directory itself",
+}
+
+_URI_RE = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>.*)$")
+# What a user meant as a URI even when mistyped ("s3:/bucket", "s3:bucket/x").
+_URI_ATTEMPT_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:(?!\\)")
+# S3 rules (3-63 chars, lowercase, digits, dots, hyphens) loosened to also admit
+# GCS and Azure container names; anything else cannot be a bucket.
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,221}[a-z0-9]$")
+
+
+def _redact(text: str) -> str:
+    """Drop a query string (a signed URL's signature lives there) and user info."""
+    text = text.split("?", 1)[0].split("#", 1)[0]
+    return re.sub(r"(^|//)[^/@]*@", r"\1***@", text)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelURI:
+    """A normalised object-store location of a model directory."""
+
+    scheme: str
+    bucket: str
+    prefix: str  # "" for the bucket root, else ends with "/"
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.bucket}/{self.prefix}"
+
+    def key(self, relative: str) -> str:
+        """The object key of a file given relative to the model directory."""
+        return self.prefix + relative
+
+    def relative(self, key: str) -> str:
+        """The path of an object key relative to the model directory."""
+        if not key.startswith(self.prefix):
+            raise ValueError(f"object key {key!r} is not under {str(self)!r}")
+        return key[len(self.prefix):]
+
+
+def is_object_store_uri(value: object) -> bool:
+    """Whether ``value`` is a string with a URI scheme (``xx://``)."""
+    return isinstance(value, str) and _URI_RE.match(value) is not None
+
+
+def looks_like_uri(value: object) -> bool:
+    """Whether ``value`` was meant as a URI (has a ``scheme:``), even a malformed one.
+
+    A Windows drive letter (``C:\\models``) is one letter and does not count.
+    """
+    return isinstance(value, str) and _URI_ATTEMPT_RE.match(value.strip()) is not None
+
+
+def parse_model_uri(uri: str) -> ModelURI:
+    """Parse ``uri`` into a :class:`ModelURI` or raise a clear error.
+
+    >>> str(parse_model_uri("s3://models/llama"))
+    's3://models/llama/'
+    >>> parse_model_uri("s3://models/llama/") == parse_model_uri("s3://models/llama")
+    True
+    """
+    from ray_stream_llm.errors import InvalidModelURIError
+
+    if not isinstance(uri, str) or not uri.strip():
+        raise InvalidModelURIError(
+            f"model URI must be a non-empty string like 's3://bucket/path/to/model/', got {uri!r}"
+        )
+    match = _URI_RE.match(uri.strip())
+    if match is None:
+        raise InvalidModelURIError(
+            f"model URI {_redact(uri)!r} is malformed (no 'scheme://'); write it as "
+            "'s3://bucket/path/to/model/' (or gs://, az://)"
+        )
+    scheme, rest = match["scheme"].lower(), match["rest"]
+    if scheme in _REFUSED_SCHEMES:
+        raise InvalidModelURIError(
+            f"model URI {_redact(uri)!r}: scheme {scheme + '://'!r} is not read by the "
+            f"Run:ai streamer; {_REFUSED_SCHEMES[scheme].format(rest=_redact(rest))}"
+        )
+    if scheme not in STREAMABLE_SCHEMES:
+        raise InvalidModelURIError(
+            f"model URI {_redact(uri)!r}: unsupported scheme {scheme + '://'!r}; "
+            f"use one of {', '.join(s + '://' for s in STREAMABLE_SCHEMES)}"
+        )
+    if "?" in rest or "#" in rest:
+        raise InvalidModelURIError(
+            f"model URI {_redact(uri)!r} has a query or fragment; give the plain "
+            f"'{scheme}://bucket/path/' and put credentials in the settings, not the URI"
+        )
+    bucket, _, path = rest.partition("/")
+    if not _BUCKET_RE.match(bucket) or ".." in bucket:
+        raise InvalidModelURIError(
+            f"model URI {uri!r}: {bucket!r} is not a valid bucket name "
+            "(3-63 lowercase letters, digits, '.', '-'); write it as "
+            f"'{scheme}://bucket/path/to/model/'"
+        )
+    parts = [p for p in path.split("/") if p]
+    if any(p in (".", "..") for p in parts):
+        raise InvalidModelURIError(
+            f"model URI {uri!r} contains '.' or '..' path segments; give the plain prefix"
+        )
+    if "//" in path.rstrip("/"):
+        raise InvalidModelURIError(
+            f"model URI {uri!r} contains an empty path segment ('//'); remove it"
+        )
+    prefix = "/".join(parts) + "/" if parts else ""
+    return ModelURI(scheme=scheme, bucket=bucket, prefix=prefix)
