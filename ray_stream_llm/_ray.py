@@ -156,7 +156,7 @@ def build_streaming_processor(config: Any, **kwargs: Any) -> Processor:
     processor = build_vllm_engine_processor(
         config.model_copy(update={**updates, "model_source": driver_dir}), **kwargs
     )
-    for name, stage in processor.stages.items():
+    for name, stage in list(processor.stages.items()):
         replacement = _STREAMING_UDFS.get(stage.fn)
         if replacement is None:
             raise TypeError(
@@ -169,7 +169,9 @@ def build_streaming_processor(config: Any, **kwargs: Any) -> Processor:
         model_config_kwargs = ctor.get("model_config_kwargs")
         if isinstance(model_config_kwargs, dict) and model_config_kwargs.get("model") == driver_dir:
             model_config_kwargs["model"] = str(uri)
-        stage.fn = replacement
+        # model_copy, not assignment: Ray's stages validate on assignment, which
+        # re-runs the engine stage's root validator and loses its placement group.
+        processor.stages[name] = stage.model_copy(update={"fn": replacement})
     processor.config = config
     logger.info("Built a streaming processor for %s: stages %s", uri, list(processor.stages))
     return processor

@@ -1,0 +1,188 @@
+"""Pure logic: URIs, file roles, load formats, import hygiene. No processes but one interpreter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from ray_stream_llm import InvalidModelURIError, UnsupportedLoadFormatError
+from ray_stream_llm.fetch import default_metadata_dir
+from ray_stream_llm.patterns import FileRole, classify, select_metadata
+from ray_stream_llm.processor import StreamingvLLMEngineProcessorConfig, streaming_load_format
+from ray_stream_llm.uri import looks_like_uri, parse_model_uri
+
+
+@pytest.mark.parametrize(
+    "uri, expected",
+    [
+        ("s3://models/llama", "s3://models/llama/"),
+        ("s3://models/llama/", "s3://models/llama/"),
+        ("s3://models/a/b//", "s3://models/a/b/"),
+        ("S3://models/a", "s3://models/a/"),
+        ("s3://models", "s3://models/"),
+        ("gs://bkt/m", "gs://bkt/m/"),
+        ("az://container/m/", "az://container/m/"),
+    ],
+)
+def test_uri_normalised(uri, expected):
+    assert str(parse_model_uri(uri)) == expected
+
+
+@pytest.mark.parametrize(
+    "uri, fragment",
+    [
+        ("", "non-empty"),
+        ("s3:/models/x", "malformed"),
+        ("models/x", "malformed"),
+        ("s3a://models/x", "use s3://models/x"),
+        ("abfss://c@acct.dfs.core.windows.net/m", "use az://"),
+        ("azure://c/m", "use az://c/m"),
+        ("https://host/bkt/m?X-Amz-Signature=SECRETSIG", "endpoint separately"),
+        ("ftp://models/x", "unsupported scheme"),
+        ("s3://B/x", "not a valid bucket name"),
+        ("s3://models/../x", "'..'"),
+        ("s3://models/a//b/", "empty path segment"),
+    ],
+)
+def test_uri_refused_with_fix(uri, fragment):
+    with pytest.raises(InvalidModelURIError) as err:
+        parse_model_uri(uri)
+    assert fragment in str(err.value)
+    assert isinstance(err.value, ValueError)
+    assert "SECRETSIG" not in str(err.value)
+
+
+def test_looks_like_uri():
+    assert looks_like_uri("s3://b/x") and looks_like_uri("s3:/b/x") and looks_like_uri("s3:b")
+    assert not looks_like_uri("meta-llama/Llama-3.1-8B") and not looks_like_uri("/models/x")
+    assert not looks_like_uri(None)
+
+
+def test_metadata_dir_same_for_trailing_slash(monkeypatch, tmp_path):
+    monkeypatch.setenv("RAY_STREAM_LLM_CACHE", str(tmp_path))
+    a, b = default_metadata_dir("s3://models/m"), default_metadata_dir("s3://models/m/")
+    assert a == b and a.parent.parent == tmp_path
+    assert default_metadata_dir("s3://models/m2") != a
+
+
+def _check(paths, expected_roles):
+    assert {p: classify(p) for p in paths} == dict(zip(paths, expected_roles))
+
+
+def test_classify_table():
+    W, O, M, X = (
+        FileRole.STREAMABLE_WEIGHTS,
+        FileRole.OTHER_WEIGHTS,
+        FileRole.METADATA,
+        FileRole.OTHER,
+    )
+    _check(
+        [
+            "model.safetensors", "model-00001-of-00003.safetensors", "sub/x.safetensors",
+            "pytorch_model.bin", "training_args.bin", "original/consolidated.00.pth", "x.pt",
+            "model.gguf", "tf_model.h5", "flax_model.msgpack", "model.onnx", "m.ckpt",
+            "consolidated.safetensors.json.bak",
+            "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+            "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
+            "vocab.txt", "tokenizer.model", "spiece.model", "cl100k.tiktoken",
+            "chat_template.jinja", "chat_template.json", "preprocessor_config.json",
+            "model.safetensors.index.json", "modeling_custom.py",
+            "additional_chat_templates/tool_use.jinja",
+            "original/params.json", "original/tokenizer.model", "README.md", ".gitattributes",
+            "LICENSE", "images/x.png", "requirements.txt",
+        ],
+        [W, W, W, O, O, O, O, O, O, O, O, O, O]
+        + [M] * 18
+        + [X] * 7,
+    )
+
+
+def test_select_metadata_never_weights():
+    paths = ["model.safetensors", "pytorch_model.bin", "config.json", "consolidated.00.pth"]
+    assert select_metadata(paths) == ["config.json"]
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (None, None),
+        ("auto", None),
+        ("safetensors", None),
+        ("runai_streamer", "runai_streamer"),
+        ("RUNAI_STREAMER", "runai_streamer"),
+        ("runai_streamer_sharded", "runai_streamer_sharded"),
+        ("my_plugin_format", None),
+    ],
+)
+def test_streaming_load_format(value, expected):
+    kwargs = {} if value is None else {"load_format": value}
+    assert streaming_load_format(kwargs) == expected
+
+
+@pytest.mark.parametrize("typo", ["runai-streamer", "runai_stream", "runaistreamer", "runai_streamer_shard"])
+def test_load_format_typo_refused_at_config(typo):
+    with pytest.raises(UnsupportedLoadFormatError) as err:
+        StreamingvLLMEngineProcessorConfig(
+            model_source="s3://models/m/", engine_kwargs={"load_format": typo}
+        )
+    assert repr(typo) in str(err.value) and "did you mean" in str(err.value)
+
+
+def test_malformed_uri_refused_at_config():
+    with pytest.raises(InvalidModelURIError):
+        StreamingvLLMEngineProcessorConfig(
+            model_source="s3:/models/m", engine_kwargs={"load_format": "runai_streamer"}
+        )
+
+
+def test_config_same_fields_and_defaults_as_parent():
+    from ray.data.llm import vLLMEngineProcessorConfig
+
+    ours = StreamingvLLMEngineProcessorConfig(model_source="s3://models/m/")
+    theirs = vLLMEngineProcessorConfig(model_source="s3://models/m/")
+    assert isinstance(ours, vLLMEngineProcessorConfig)
+    assert set(StreamingvLLMEngineProcessorConfig.model_fields) == set(
+        vLLMEngineProcessorConfig.model_fields
+    )
+    assert ours.model_dump() == theirs.model_dump()
+    assert not ours.streams_from_object_store
+    streamed = StreamingvLLMEngineProcessorConfig(
+        model_source="s3://models/m", engine_kwargs={"load_format": "runai_streamer"}
+    )
+    assert streamed.streams_from_object_store
+    local = StreamingvLLMEngineProcessorConfig(
+        model_source="/models/m", engine_kwargs={"load_format": "runai_streamer"}
+    )
+    assert not local.streams_from_object_store  # a local directory streams as vLLM does
+
+
+def test_import_pulls_no_heavy_modules():
+    code = (
+        "import sys, ray_stream_llm\n"
+        "from ray_stream_llm import StreamingvLLMEngineProcessorConfig, build_llm_processor, "
+        "fetch_model_metadata\n"
+        "heavy = [m for m in ('torch', 'vllm', 'runai_model_streamer', 'transformers') "
+        "if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_builder_registered_for_ray_build_processor():
+    from ray.llm._internal.batch.processor.base import ProcessorBuilder
+
+    assert "StreamingvLLMEngineProcessorConfig" in ProcessorBuilder._registry
+
+
+def test_doctests():
+    import doctest
+
+    import ray_stream_llm.patterns
+    import ray_stream_llm.uri
+
+    for module in (ray_stream_llm.patterns, ray_stream_llm.uri):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
