@@ -29,6 +29,24 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
+def weight_files_written(roots: list[Path], since: float) -> dict[str, int]:
+    """Weight files of any format under ``roots`` modified since ``since``: path -> bytes."""
+    from ray_stream_llm.patterns import is_weight_file
+
+    found = {}
+    for root in roots:
+        for dirpath, _, names in os.walk(root):
+            for name in names:
+                path = os.path.join(dirpath, name)
+                try:
+                    stat = os.stat(path)
+                except OSError:
+                    continue
+                if stat.st_mtime >= since and is_weight_file(name):
+                    found[path] = stat.st_size
+    return found
+
+
 def run_demo(workdir: str | None = None, *, keep: bool = False) -> int:
     from ray_stream_llm._localstore import LocalS3Server
     from ray_stream_llm.demo_model import ensure_demo_model
@@ -36,18 +54,19 @@ def run_demo(workdir: str | None = None, *, keep: bool = False) -> int:
 
     root = Path(workdir or tempfile.mkdtemp(prefix="ray-stream-llm-demo-"))
     root.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("RAY_STREAM_LLM_CACHE", str(root / "cache"))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_RPC_BASE_PATH", str(root / "rpc"))
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "torchinductor"))
     (root / "rpc").mkdir(exist_ok=True)
     print("Converting the demo model (cached after the first run) ...", flush=True)
-    local_model = ensure_demo_model()
+    local_model = ensure_demo_model()  # in the user's cache: converted once, reused
+    os.environ.setdefault("RAY_STREAM_LLM_CACHE", str(root / "cache"))
     with LocalS3Server(root / "s3") as server:
         print(f"S3 server (SeaweedFS) on {server.endpoint_url}, pid {server.pid}", flush=True)
         keys = server.upload_dir(local_model, DEMO_URI)
         print(f"Published {len(keys)} files to {DEMO_URI}", flush=True)
         os.environ.update(server.env())  # the demo's own process: driver and local actors
+        job_start = time.time()
         result = run_job(DEMO_URI, QUESTIONS, ray_temp_dir=str(root / "ray"))
         read = {u for u in server.objects_read() if u.endswith(".safetensors")}
         import ray
@@ -58,11 +77,14 @@ def run_demo(workdir: str | None = None, *, keep: bool = False) -> int:
     weights_streamed = sum(
         os.path.getsize(local_model / Path(u).name) for u in read if (local_model / Path(u).name).exists()
     )
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    written = weight_files_written([root, cache, Path(tempfile.gettempdir()), Path("/dev/shm")], job_start)
     print(
-        f"\nLoad: {result.metadata_files} metadata files ({_mb(result.metadata_bytes)}) fetched in "
-        f"the driver; {len(read)} safetensors object(s) ({_mb(weights_streamed)}) streamed "
-        f"from the store, 0 weight files on local disk; {len(result.rows)}/{len(QUESTIONS)} rows; "
-        f"first row at {result.first_row_seconds:.1f}s, total {result.total_seconds:.1f}s"
+        f"\nLoad: {result.metadata_files} metadata files ({_mb(result.metadata_bytes)}) fetched; "
+        f"{len(read)} safetensors object(s) ({_mb(weights_streamed)}) read by the engine from the "
+        f"store (its access log); {len(written)} weight files ({_mb(sum(written.values()))}) "
+        f"written to local disk; {len(result.rows)}/{len(QUESTIONS)} rows; first row at "
+        f"{result.first_row_seconds:.1f}s, total {result.total_seconds:.1f}s"
     )
     if not keep and workdir is None:
         shutil.rmtree(root, ignore_errors=True)
