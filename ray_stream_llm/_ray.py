@@ -26,6 +26,8 @@ from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMEngineStageUDF
 
 from ray_stream_llm._shm import remove_orphaned_segments
 from ray_stream_llm.fetch import _fetch
+from ray_stream_llm.runtime_env import scoped_env, store_updates
+from ray_stream_llm.store import ObjectStoreConfig, derive_settings
 from ray_stream_llm.uri import looks_like_uri, parse_model_uri
 
 logger = logging.getLogger(__name__)
@@ -35,11 +37,16 @@ MAP_NUM_CPUS = 0.1
 _CPU_STAGES = ("chat_template_stage", "tokenize_stage", "detokenize_stage")
 
 
-def _local_metadata(model: Any, *, require: tuple[str, ...] = ()) -> Any:
-    """The local metadata directory for an object-store URI; anything else unchanged."""
+def _local_metadata(
+    model: Any, *, require: tuple[str, ...] = (), store: ObjectStoreConfig | None = None
+) -> Any:
+    """The local metadata directory for an object-store URI; anything else unchanged.
+
+    In an actor ``store`` is None: the settings arrived in its environment (runtime_env).
+    """
     if not looks_like_uri(model):
         return model
-    return str(_fetch(parse_model_uri(model), None, require=require).path)
+    return str(_fetch(parse_model_uri(model), None, require=require, store=store).path)
 
 
 class StreamingChatTemplateUDF(ChatTemplateUDF):
@@ -146,10 +153,14 @@ def _map_kwargs_defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def build_streaming_processor(config: Any, **kwargs: Any) -> Processor:
     """The registered builder of ``StreamingvLLMEngineProcessorConfig``."""
+    settings = derive_settings(config.object_store)
     updates = resource_defaults(config)
+    updates.update(store_updates(config, settings, updates))
     kwargs = _map_kwargs_defaults(kwargs)
     if not config.streams_from_object_store:
-        processor = build_vllm_engine_processor(config.model_copy(update=updates), **kwargs)
+        # Ray's own path; its downloader runs here in the driver and reads os.environ.
+        with scoped_env(settings.env):
+            processor = build_vllm_engine_processor(config.model_copy(update=updates), **kwargs)
         processor.config = config
         return processor
 
@@ -157,10 +168,11 @@ def build_streaming_processor(config: Any, **kwargs: Any) -> Processor:
     # On the driver, before any actor: checks the model exists, is readable and has
     # a config.json, and gives Ray's builder a local directory (Ray would otherwise
     # download every non-safetensors file here).
-    driver_dir = _local_metadata(str(uri), require=("config.json",))
+    store = config.object_store
+    driver_dir = _local_metadata(str(uri), require=("config.json",), store=store)
     tokenizer = config.engine_kwargs.get("tokenizer")
     if looks_like_uri(tokenizer):
-        _local_metadata(tokenizer)
+        _local_metadata(tokenizer, store=store)
     processor = build_vllm_engine_processor(
         config.model_copy(update={**updates, "model_source": driver_dir}), **kwargs
     )

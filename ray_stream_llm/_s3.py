@@ -11,6 +11,7 @@ endpoint host is an IP address or ``localhost``.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import ipaddress
 import os
 from collections.abc import Iterator
@@ -19,12 +20,15 @@ from urllib.parse import urlsplit
 
 from ray_stream_llm.errors import (
     AccessDeniedError,
+    MissingBackendError,
     ModelNotFoundError,
     RayStreamLLMError,
     StoreTimeoutError,
     StoreUnreachableError,
+    UnsupportedStoreError,
 )
-from ray_stream_llm.uri import ModelURI
+from ray_stream_llm.store import ObjectStoreConfig, derive_settings
+from ray_stream_llm.uri import STREAMABLE_SCHEMES, ModelURI
 
 _NOT_FOUND = {"NoSuchBucket", "NoSuchKey", "404", "NotFound"}
 _DENIED = {"AccessDenied", "403", "Forbidden", "AllAccessDisabled", "AccountProblem"}
@@ -61,20 +65,67 @@ def _path_style(endpoint: str | None) -> bool:
     return True
 
 
-def make_client() -> Any:
-    """A boto3 S3 client from the standard environment, in a fresh session."""
+def make_client(store: ObjectStoreConfig | None = None) -> Any:
+    """A boto3 S3 client in a fresh session: from ``store`` where it sets something,
+    from the standard environment for the rest."""
     import boto3
+    from botocore import UNSIGNED
     from botocore.config import Config
 
-    session = boto3.session.Session()
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    settings = derive_settings(store)
+    endpoint = (
+        settings.boto3_client.get("endpoint_url")
+        or os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+    )
+    options = dict(settings.boto3_client.get("config", {}))
+    if options.get("signature_version") == "unsigned":
+        options["signature_version"] = UNSIGNED
+    if "s3" not in options and _path_style(endpoint):
+        options["s3"] = {"addressing_style": "path"}
     config = Config(
         connect_timeout=10,
         read_timeout=60,
         retries={"max_attempts": 3, "mode": "standard"},
-        s3={"addressing_style": "path"} if _path_style(endpoint) else None,
+        **options,
     )
-    return session.client("s3", endpoint_url=endpoint or None, config=config)
+    session = boto3.session.Session(**settings.boto3_session)
+    return session.client(
+        "s3",
+        endpoint_url=endpoint or None,
+        config=config,
+        verify=settings.boto3_client.get("verify"),
+    )
+
+
+def check_backend(uri: ModelURI, store: ObjectStoreConfig | None) -> None:
+    """Fail at first use, with the fix, when ``uri`` cannot be served here.
+
+    The streamer needs its backend package for the scheme. Metadata is listed and
+    fetched through the S3 API: native for s3://, and for gs:// through GCS's
+    S3-interoperability endpoint with HMAC keys.
+    """
+    package, pip_line = STREAMABLE_SCHEMES[uri.scheme]
+    if importlib.util.find_spec(package) is None:
+        raise MissingBackendError(
+            f"streaming {uri.scheme}:// needs {package.replace('_', '-')}, which is not "
+            f"installed: {pip_line}"
+        )
+    if uri.scheme == "s3":
+        return
+    endpoint = (store.endpoint_url if store else None) or os.environ.get("AWS_ENDPOINT_URL")
+    if uri.scheme == "gs" and endpoint:
+        return
+    fix = (
+        "set ObjectStoreConfig(endpoint_url='https://storage.googleapis.com', "
+        "aws_access_key_id=<HMAC access id>, aws_secret_access_key=<HMAC secret>)"
+        if uri.scheme == "gs"
+        else "copy the model to an S3-compatible store, or stream it with plain vLLM"
+    )
+    raise UnsupportedStoreError(
+        f"{str(uri)!r}: this version fetches metadata through the S3 API only, and "
+        f"{uri.scheme}:// has no S3 endpoint configured; {fix}"
+    )
 
 
 def endpoint_of(client: Any) -> str:

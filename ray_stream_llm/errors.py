@@ -42,3 +42,7 @@ class StoreTimeoutError(RayStreamLLMError, TimeoutError):
 
 class MissingBackendError(RayStreamLLMError, ImportError):
     """A package needed for this URI scheme is not installed."""
+
+
+class UnsupportedStoreError(RayStreamLLMError, NotImplementedError):
+    """The store can be streamed from but this version cannot list it for metadata."""

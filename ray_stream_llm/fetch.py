@@ -27,6 +27,7 @@ from typing import Any
 from ray_stream_llm import _s3
 from ray_stream_llm.errors import ModelNotFoundError, UnsafeObjectKeyError
 from ray_stream_llm.patterns import REQUIRED_METADATA, FileRole, classify
+from ray_stream_llm.store import ObjectStoreConfig
 from ray_stream_llm.uri import ModelURI, parse_model_uri
 
 logger = logging.getLogger(__name__)
@@ -99,7 +100,12 @@ def _read_marker(dest: Path) -> dict[str, Any] | None:
         return None
 
 
-def fetch_model_metadata(uri: str, dest: str | os.PathLike[str] | None = None) -> Path:
+def fetch_model_metadata(
+    uri: str,
+    dest: str | os.PathLike[str] | None = None,
+    *,
+    object_store: ObjectStoreConfig | None = None,
+) -> Path:
     """Fetch the metadata files of the model at ``uri`` (never a weight file) to local disk.
 
     Args:
@@ -108,6 +114,8 @@ def fetch_model_metadata(uri: str, dest: str | os.PathLike[str] | None = None) -
         dest: Where to put the files. By default a directory under
             ``$RAY_STREAM_LLM_CACHE`` (or ``~/.cache/ray_stream_llm``) derived from
             the normalised URI.
+        object_store: Endpoint, credentials and addressing of the store. Unset
+            fields (or ``None``) leave the standard AWS environment in charge.
 
     Returns:
         The local directory: configs, generation config, tokenizer files, chat
@@ -117,7 +125,7 @@ def fetch_model_metadata(uri: str, dest: str | os.PathLike[str] | None = None) -
     (same keys, sizes and ETags) nothing is downloaded. Safe when several
     processes on one node call it at once.
     """
-    return _fetch(parse_model_uri(uri), dest, require=REQUIRED_METADATA).path
+    return _fetch(parse_model_uri(uri), dest, require=REQUIRED_METADATA, store=object_store).path
 
 
 def _fetch(
@@ -125,12 +133,13 @@ def _fetch(
     dest: str | os.PathLike[str] | None,
     *,
     require: tuple[str, ...] = REQUIRED_METADATA,
-    client: Any = None,
+    store: ObjectStoreConfig | None = None,
 ) -> FetchReport:
     from filelock import FileLock
 
     start = time.perf_counter()
-    client = client or _s3.make_client()
+    _s3.check_backend(uri, store)
+    client = _s3.make_client(store)
     target = Path(dest).expanduser().absolute() if dest else default_metadata_dir(uri)
     listing = list(_s3.list_objects(client, uri))
     if not listing:
@@ -139,7 +148,8 @@ def _fetch(
             "check the prefix (it is case-sensitive)"
         )
     roles = {o.path: classify(o.path) for o in listing}
-    metadata = [o for o in listing if roles[o.path] is FileRole.METADATA]
+    # An object named like our marker would be overwritten by it: never fetched.
+    metadata = [o for o in listing if roles[o.path] is FileRole.METADATA and o.path != MARKER]
     weights = [o for o in listing if roles[o.path] in (FileRole.STREAMABLE_WEIGHTS, FileRole.OTHER_WEIGHTS)]
     for obj in metadata:
         _safe_relative(obj.path, uri)
@@ -165,8 +175,9 @@ def _fetch(
 
     if (_read_marker(target) or {}).get("files") == fingerprint:
         return report(downloaded=False)
+    _refuse_foreign_dir(target)  # before any download
     target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target.parent / f".{target.name}.lock")):
+    with FileLock(str(_lock_path(target))):
         if (_read_marker(target) or {}).get("files") == fingerprint:
             return report(downloaded=False)  # another process fetched it meanwhile
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
@@ -201,15 +212,26 @@ def _download_all(client: Any, uri: ModelURI, objects: list[_s3.ObjectInfo], int
             future.result()
 
 
+def _lock_path(target: Path) -> Path:
+    """The lock for ``target``, kept in the cache root, never in a user's directory."""
+    locks = cache_root() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    return locks / (hashlib.sha256(str(target).encode()).hexdigest()[:16] + ".lock")
+
+
+def _refuse_foreign_dir(target: Path) -> None:
+    if target.is_dir() and not (target / MARKER).exists() and any(target.iterdir()):
+        raise FileExistsError(
+            f"destination {str(target)!r} exists, is not empty and was not written by "
+            "fetch_model_metadata; give a new or empty directory"
+        )
+
+
 def _replace_dir(staging: Path, target: Path) -> None:
     """Move ``staging`` to ``target``; an older ``target`` is swapped out, then removed."""
-    if target.exists() and not (target / MARKER).exists():
-        if any(target.iterdir()):
-            raise FileExistsError(
-                f"destination {str(target)!r} exists, is not empty and was not written by "
-                "fetch_model_metadata; give a new or empty directory"
-            )
-        target.rmdir()
+    _refuse_foreign_dir(target)
+    if target.is_dir() and not (target / MARKER).exists():
+        target.rmdir()  # empty
     if target.exists():
         trash = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
         os.rename(target, trash / "old")

@@ -54,6 +54,7 @@ def run_job(
     engine_kwargs: dict[str, Any] | None = None,
     num_cpus: int | None = None,
     ray_temp_dir: str | None = None,
+    object_store: Any = None,
 ) -> JobResult:
     """Answer ``questions`` with the model at ``model_uri``; every row comes back.
 
@@ -84,6 +85,7 @@ def run_job(
         engine_kwargs=kwargs,
         batch_size=batch_size,
         concurrency=1,
+        object_store=object_store,
     )
     processor = build_llm_processor(
         config,
@@ -98,7 +100,11 @@ def run_job(
         ),
     )
     build_seconds = time.perf_counter() - start
-    report = _fetch(parse_model_uri(model_uri), None) if config.streams_from_object_store else None
+    report = (
+        _fetch(parse_model_uri(model_uri), None, store=object_store)
+        if config.streams_from_object_store
+        else None
+    )
 
     ds = processor(ray.data.from_items([{"question": q} for q in questions]))
     rows: list[dict[str, Any]] = []

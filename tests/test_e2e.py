@@ -22,6 +22,7 @@ import pytest
 
 from models import is_weight
 from ray_stream_llm._localstore import LocalS3Server
+from ray_stream_llm._shm import orphaned_segments, remove_orphaned_segments
 
 pytestmark = pytest.mark.e2e
 
@@ -57,7 +58,10 @@ def _weight_files(roots: list[Path], since: float) -> dict[str, int]:
 
 
 def run_isolated(server: LocalS3Server, work: Path, model: str, load_format: str | None,
-                 questions: list[str], max_tokens: int = 24) -> tuple[dict, dict[str, int], float]:
+                 questions: list[str], max_tokens: int = 24, object_store: dict | None = None,
+                 ) -> tuple[dict, dict[str, int], float]:
+    """Run the job as a user's script. With ``object_store`` the store settings are given
+    only in the config: the driver's environment holds no AWS variable at all."""
     home, tmp = work / "home", work / "tmp"
     for d in (home, tmp, work / "rpc"):
         d.mkdir(parents=True, exist_ok=True)
@@ -68,10 +72,12 @@ def run_isolated(server: LocalS3Server, work: Path, model: str, load_format: str
         "VLLM_RPC_BASE_PATH": str(work / "rpc"),
         "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor"),
         "VLLM_CPU_KVCACHE_SPACE": "1",
-        **server.env(),
+        "RAY_STREAM_LLM_ACTOR_LOGS": "1",  # actor logs in the driver's output too
+        **({} if object_store else server.env()),
     }
     spec = {"model": model, "load_format": load_format, "questions": questions,
-            "max_tokens": max_tokens, "ray_temp_dir": str(work / "ray")}
+            "max_tokens": max_tokens, "ray_temp_dir": str(work / "ray"),
+            "object_store": object_store}
     (work / "spec.json").write_text(json.dumps(spec))
     start = time.time()
     proc = subprocess.run([sys.executable, str(DRIVER), str(work / "spec.json"), str(work / "out.json")],
@@ -79,7 +85,13 @@ def run_isolated(server: LocalS3Server, work: Path, model: str, load_format: str
     (work / "driver.log").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     written = _weight_files([work, Path("/dev/shm"), Path("/tmp")], start)
-    return json.loads((work / "out.json").read_text()), written, time.time() - start
+    out = json.loads((work / "out.json").read_text())
+    # Shared-memory segments no live process maps, created during the run. Our engine UDF
+    # removes its own; Ray's (the control run) leaks vLLM's 160 MiB ring buffer: record it,
+    # then remove it so the machine stays clean.
+    out["shm_left"] = [p.name for p in orphaned_segments(start - 1)]
+    remove_orphaned_segments(start - 1, wait=0)
+    return out, written, time.time() - start
 
 
 def _reads_under(server: LocalS3Server, prefix: str, before: list) -> set[str]:
@@ -97,8 +109,9 @@ def test_streamed_smollm2_answers_with_no_weights_on_disk(s3_server, smollm2, wo
     answers = {r["question"]: r["answer"] for r in rows}
     assert "4" in answers["What is 2+2?"], answers
     assert "Paris" in answers["What is the capital of France?"], answers
-    # no weight file of any format appeared on local disk
+    # no weight file of any format appeared on local disk, no shared memory left behind
     assert written == {}, written
+    assert out["shm_left"] == []
     # the store's own access log: the safetensors object was read, no other weight object
     reads = _reads_under(s3_server, smollm2.uri, before)
     assert f"{smollm2.uri}model.safetensors" in reads
@@ -120,7 +133,8 @@ def test_control_default_load_format_writes_weights(s3_server, smollm2, work):
     assert safetensors and all(p.startswith(str(work / "home")) for p in safetensors), written
     size = (smollm2.local / "model.safetensors").stat().st_size
     assert max(safetensors.values()) == size
-    print(f"\ncontrol: weight bytes on disk {sum(written.values())}, total {seconds:.1f}s")
+    print(f"\ncontrol: weight bytes on disk {sum(written.values())}, total {seconds:.1f}s, "
+          f"shared-memory segments leaked by Ray's engine UDF: {out['shm_left']}")
 
 
 def test_streamed_hub_mirror_writes_no_bin_pth_gguf(s3_server, tiny_models, work):
@@ -130,6 +144,7 @@ def test_streamed_hub_mirror_writes_no_bin_pth_gguf(s3_server, tiny_models, work
                                    ["hello world", "ray data"], max_tokens=4)
     assert len(out["rows"]) == 2 and all(r["num_generated_tokens"] == 4 for r in out["rows"])
     assert written == {}, written
+    assert out["shm_left"] == []
     reads = _reads_under(s3_server, model.uri, before)
     weight_reads = {u.removeprefix(model.uri) for u in reads if is_weight(u.rsplit('/', 1)[1])}
     assert weight_reads == {"model.safetensors"}, weight_reads
@@ -138,3 +153,37 @@ def test_streamed_hub_mirror_writes_no_bin_pth_gguf(s3_server, tiny_models, work
     assert len(metadata_dirs) == 1
     got = {str(p.relative_to(metadata_dirs[0])) for p in metadata_dirs[0].rglob("*") if p.is_file()}
     assert got - {".ray_stream_llm.json"} == set(model.metadata)
+
+
+def test_settings_only_in_config_reach_every_actor_and_no_secret_leaks(s3_server, tiny_models, work):
+    """Issue 3: the store set once, in the config; the driver's environment has no AWS
+    variable. A secret must not appear in any output or any file the run wrote."""
+    secret = s3_server.secret_access_key
+    model = tiny_models["sharded"]
+    store = {"endpoint_url": s3_server.endpoint_url.replace("127.0.0.1", "localhost"),
+             "region_name": s3_server.region,
+             "aws_access_key_id": s3_server.access_key_id, "aws_secret_access_key": secret}
+    before = s3_server.served()
+    out, written, _ = run_isolated(s3_server, work, model.uri, "runai_streamer",
+                                   ["hello world", "ray data", "object store"], max_tokens=4,
+                                   object_store=store)
+    assert len(out["rows"]) == 3 and all(r["num_generated_tokens"] == 4 for r in out["rows"])
+    assert written == {}
+    shards = {w for w in model.weights if w.endswith(".safetensors")}
+    assert len(shards) >= 3
+    reads = {u.removeprefix(model.uri) for u in _reads_under(s3_server, model.uri, before)}
+    assert shards <= reads  # every shard was streamed by the engine, with the config's settings
+    # the secret: nowhere in the driver's output, Ray's session logs, or any file written
+    leaks = []
+    driver_log = (work / "driver.log").read_text(errors="replace")
+    if secret in driver_log:
+        leaks.append("driver output")
+    for path in work.rglob("*"):
+        if path.is_file() and path.name != "spec.json":  # the test's own input to the script
+            try:
+                if secret.encode() in path.read_bytes():
+                    leaks.append(str(path))
+            except OSError:
+                continue
+    assert leaks == [], leaks
+    assert any((work / "ray").rglob("*.log")) or any((work / "ray").rglob("*.err"))

@@ -103,9 +103,15 @@ def _tree(root: Path) -> set[str]:
     return {p.relative_to(root).as_posix() for p in root.rglob("*")}
 
 
-def _assert_same_bytes(fetched: Path, model: UploadedModel, names: set[str] | frozenset[str]) -> None:
+def _assert_same_bytes(fetched: Path, model: UploadedModel,
+                       names: set[str] | frozenset[str]) -> None:
     for name in names:
         assert (fetched / name).read_bytes() == (model.local / name).read_bytes(), name
+
+
+def _model_dirs(cache: Path) -> list[str]:
+    """The (non-hidden) model directories in the cache."""
+    return [p.name for p in (cache / "models").iterdir() if not p.name.startswith(".")]
 
 
 def _leftover_temp(root: Path) -> list[Path]:
@@ -157,7 +163,8 @@ def test_default_dir_is_deterministic_and_ignores_trailing_slash(
     assert expected.parent == cache / "models"
 
     # another process (its own interpreter, hash seed, cwd) derives the same path
-    code = "import sys; from ray_stream_llm.fetch import default_metadata_dir as d; print(d(sys.argv[1]))"
+    code = ("import sys; from ray_stream_llm.fetch import default_metadata_dir as d; "
+            "print(d(sys.argv[1]))")
     other = subprocess.run([sys.executable, "-c", code, without], capture_output=True, text=True,
                            env={**os.environ, "PYTHONHASHSEED": "12345"}, cwd=cache.parent,
                            timeout=120)
@@ -179,7 +186,7 @@ def test_default_dir_is_deterministic_and_ignores_trailing_slash(
     assert report.skipped_weight_files == len(tiny.weights)
     assert log.gets() == Counter(), "a second fetch of an unchanged model downloaded objects"
     assert _files(first) == tiny.metadata
-    assert [p.name for p in (cache / "models").iterdir() if not p.name.startswith(".")] == [first.name]
+    assert _model_dirs(cache) == [first.name]
 
 
 # --- 3. explicit dest ---------------------------------------------------------------------
@@ -193,8 +200,10 @@ def test_explicit_dest_gets_the_files(s3_server: LocalS3Server,
     assert _files(dest) == tiny.metadata
     _assert_same_bytes(dest, tiny, tiny.metadata)
     assert not default_metadata_dir(tiny.uri).exists()  # nothing went to the cache
-    assert not Path(s3_env["RAY_STREAM_LLM_CACHE"]).exists()
-    assert not _leftover_temp(dest.parent)
+    # the cache holds only the lock (kept there, not in the user's directories)
+    cache = Path(s3_env["RAY_STREAM_LLM_CACHE"])
+    assert [p.name for p in cache.iterdir()] == ["locks"]
+    assert not _leftover_temp(dest.parent) and not list(dest.parent.glob("*.lock"))
 
     # a str dest, and an existing empty directory, are fine too
     empty = tmp_path / "empty"
@@ -402,7 +411,7 @@ def test_concurrent_processes_download_once_and_never_show_a_partial_dir(
     assert gets == Counter({prefix + m: 1 for m in copy.metadata}), gets
     # no staging or swapped-out directory left behind
     assert not _leftover_temp(cache)
-    assert [p.name for p in (cache / "models").iterdir() if not p.name.startswith(".")] == [target.name]
+    assert _model_dirs(cache) == [target.name]
     # the checker never saw the final path exist without being complete
     seen = json.loads((sync / "checker.json").read_text())
     assert seen["bad_count"] == 0, seen
@@ -465,9 +474,10 @@ def test_hostile_keys_are_refused_or_normalised_by_the_store(
 
 
 @pytest.mark.parametrize("relative", sorted(HOSTILE_PATHS))
-def test_hostile_relative_paths_are_never_written(relative: str) -> None:
-    """The library's own guard, for stores (AWS S3, GCS) that keep such keys verbatim: a
-    hostile path is never classified as metadata to download, or is refused naming the key."""
+def test_safe_relative_refuses_hostile_paths(relative: str) -> None:
+    """The library's own guard, for stores (AWS S3, GCS) that keep such keys verbatim. The
+    SeaweedFS server cannot hold these keys (see above), so the guard is called directly:
+    it refuses each one with UnsafeObjectKeyError (a ValueError) naming the full key."""
     uri = parse_model_uri("s3://models/tiny/hostile/")
     with pytest.raises(UnsafeObjectKeyError) as info:
         fetch._safe_relative(relative, uri)

@@ -1,0 +1,101 @@
+"""Deliver derived object-store settings to every process, merged with the user's own.
+
+Values, not hidden mutations: the settings become ``env_vars`` of the
+processor's ``runtime_env`` (and of any stage that has its own), and
+``model_loader_extra_config`` of the engine. A value the user already set
+differently is an error naming both sources; secrets are never shown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from ray_stream_llm.errors import RayStreamLLMError
+from ray_stream_llm.store import StoreSettings
+
+_STAGES = ("chat_template_stage", "tokenize_stage", "detokenize_stage", "prepare_multimodal_stage")
+_HIDDEN = "**********"
+
+
+class SettingsConflictError(RayStreamLLMError, ValueError):
+    """object_store derives a value that the user's own settings contradict."""
+
+
+def _shown(name: str, value: Any, settings: StoreSettings) -> str:
+    return _HIDDEN if name in settings.secret_env else repr(value)
+
+
+def merge_runtime_env(
+    runtime_env: Mapping[str, Any] | None, settings: StoreSettings, where: str
+) -> dict[str, Any] | None:
+    """``runtime_env`` with the settings' env vars added; ``where`` names it in errors."""
+    if not settings.env:
+        return dict(runtime_env) if runtime_env is not None else None
+    merged = dict(runtime_env or {})
+    env_vars = dict(merged.get("env_vars") or {})
+    for name, value in settings.env.items():
+        if name in env_vars and str(env_vars[name]) != value:
+            raise SettingsConflictError(
+                f"{where}['env_vars'][{name!r}] is {_shown(name, env_vars[name], settings)}, but "
+                f"object_store sets {name} to {_shown(name, value, settings)}; set it in one "
+                "place only (remove it from the runtime_env or from ObjectStoreConfig)"
+            )
+        env_vars[name] = value
+    merged["env_vars"] = env_vars
+    return merged
+
+
+def merge_engine_kwargs(engine_kwargs: Mapping[str, Any], settings: StoreSettings) -> dict[str, Any]:
+    """``engine_kwargs`` with the streamer tuning in ``model_loader_extra_config``."""
+    merged = dict(engine_kwargs)
+    if not settings.model_loader_extra_config:
+        return merged
+    extra = dict(merged.get("model_loader_extra_config") or {})
+    for key, value in settings.model_loader_extra_config.items():
+        if key in extra and extra[key] != value:
+            raise SettingsConflictError(
+                f"engine_kwargs['model_loader_extra_config'][{key!r}] is {extra[key]!r}, but "
+                f"object_store.streamer_{key} is {value!r}; set it in one place only"
+            )
+        extra[key] = value
+    merged["model_loader_extra_config"] = extra
+    return merged
+
+
+def _with_stage_env(value: Any, settings: StoreSettings, name: str) -> Any:
+    if isinstance(value, dict) and value.get("runtime_env") is not None:
+        return {**value, "runtime_env": merge_runtime_env(value["runtime_env"], settings, name)}
+    if getattr(value, "runtime_env", None) is not None:
+        merged = merge_runtime_env(value.runtime_env, settings, f"{name}.runtime_env")
+        return value.model_copy(update={"runtime_env": merged})
+    return value
+
+
+def store_updates(config: Any, settings: StoreSettings, updates: Mapping[str, Any]) -> dict[str, Any]:
+    """Config updates that carry ``settings`` to the driver-built stages and every actor."""
+    if not settings.env and not settings.model_loader_extra_config:
+        return {}
+    out: dict[str, Any] = {"runtime_env": merge_runtime_env(config.runtime_env, settings, "runtime_env")}
+    for name in _STAGES:
+        out[name] = _with_stage_env(updates.get(name, getattr(config, name)), settings, name)
+    if config.streams_from_object_store:
+        out["engine_kwargs"] = merge_engine_kwargs(config.engine_kwargs, settings)
+    return out
+
+
+@contextlib.contextmanager
+def scoped_env(env: Mapping[str, str]) -> Iterator[None]:
+    """Set ``env`` in this process for the duration of the block, then restore it."""
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
