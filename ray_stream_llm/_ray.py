@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import os
 import time
 from typing import Any
 
@@ -42,61 +43,86 @@ def _local_metadata(
 ) -> Any:
     """The local metadata directory for an object-store URI; anything else unchanged.
 
-    In an actor ``store`` is None: the settings arrived in its environment (runtime_env).
+    In an actor ``store`` is None: the settings arrived in its environment.
     """
     if not looks_like_uri(model):
         return model
     return str(_fetch(parse_model_uri(model), None, require=require, store=store).path)
 
 
+class SecretEnv:
+    """Secret environment values on their way to an actor, in the UDF's constructor
+    arguments rather than the runtime_env (Ray's runtime-env agent logs runtime_envs).
+    Never shows its values."""
+
+    def __init__(self, values: dict[str, str]):
+        self._values = dict(values)
+
+    def apply(self) -> None:
+        os.environ.update(self._values)
+
+    def __repr__(self) -> str:
+        return f"SecretEnv({sorted(self._values)})"
+
+
+def _prepare(secret_env: SecretEnv | None, stream: bool, model: Any, **kw: Any) -> Any:
+    """In the actor, first thing: the secrets into its environment (the engine's child
+    processes inherit it), then the model's metadata when the weights are streamed."""
+    if secret_env is not None:
+        secret_env.apply()
+    return _local_metadata(model, **kw) if stream else model
+
+
 class StreamingChatTemplateUDF(ChatTemplateUDF):
-    def __init__(self, data_column: str, expected_input_keys: list[str], model: str, **kwargs: Any):
-        super().__init__(data_column, expected_input_keys, model=_local_metadata(model), **kwargs)
+    def __init__(self, data_column: str, expected_input_keys: list[str], model: str, *,
+                 secret_env: SecretEnv | None = None, stream: bool = True, **kwargs: Any):
+        model = _prepare(secret_env, stream, model)
+        super().__init__(data_column, expected_input_keys, model=model, **kwargs)
 
 
 class StreamingTokenizeUDF(TokenizeUDF):
-    def __init__(self, data_column: str, expected_input_keys: list[str], model: str, **kwargs: Any):
-        super().__init__(data_column, expected_input_keys, model=_local_metadata(model), **kwargs)
+    def __init__(self, data_column: str, expected_input_keys: list[str], model: str, *,
+                 secret_env: SecretEnv | None = None, stream: bool = True, **kwargs: Any):
+        model = _prepare(secret_env, stream, model)
+        super().__init__(data_column, expected_input_keys, model=model, **kwargs)
 
 
 class StreamingDetokenizeUDF(DetokenizeUDF):
-    def __init__(self, data_column: str, expected_input_keys: list[str], model: str, **kwargs: Any):
-        super().__init__(data_column, expected_input_keys, model=_local_metadata(model), **kwargs)
+    def __init__(self, data_column: str, expected_input_keys: list[str], model: str, *,
+                 secret_env: SecretEnv | None = None, stream: bool = True, **kwargs: Any):
+        model = _prepare(secret_env, stream, model)
+        super().__init__(data_column, expected_input_keys, model=model, **kwargs)
 
 
 class StreamingPrepareMultimodalUDF(PrepareMultimodalUDF):
-    def __init__(
-        self,
-        data_column: str,
-        expected_input_keys: list[str],
-        model_config_kwargs: dict[str, Any],
-        **kwargs: Any,
-    ):
+    def __init__(self, data_column: str, expected_input_keys: list[str],
+                 model_config_kwargs: dict[str, Any], *, secret_env: SecretEnv | None = None,
+                 stream: bool = True, **kwargs: Any):
         model_config_kwargs = dict(model_config_kwargs)
-        model_config_kwargs["model"] = _local_metadata(model_config_kwargs.get("model"))
+        model_config_kwargs["model"] = _prepare(secret_env, stream, model_config_kwargs.get("model"))
         super().__init__(data_column, expected_input_keys, model_config_kwargs, **kwargs)
 
 
 class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
     """Ray's engine UDF with metadata fetched locally and weights streamed from the URI."""
 
-    def __init__(
-        self,
-        data_column: str,
-        expected_input_keys: list[str],
-        model: str,
-        engine_kwargs: dict[str, Any],
-        **kwargs: Any,
-    ):
+    def __init__(self, data_column: str, expected_input_keys: list[str], model: str,
+                 engine_kwargs: dict[str, Any], *, secret_env: SecretEnv | None = None,
+                 stream: bool = True, **kwargs: Any):
         self._started = time.time() - 1.0  # file mtimes are coarser than time.time()
-        uri = parse_model_uri(model)
-        local = _local_metadata(str(uri), require=("config.json",))
-        engine_kwargs = dict(engine_kwargs)
-        engine_kwargs["model_weights"] = str(uri)  # vLLM then skips its own pull
-        engine_kwargs.setdefault("served_model_name", model)
-        if "tokenizer" in engine_kwargs:
-            engine_kwargs["tokenizer"] = _local_metadata(engine_kwargs["tokenizer"])
-        super().__init__(data_column, expected_input_keys, model=local, engine_kwargs=engine_kwargs, **kwargs)
+        if stream:
+            uri = parse_model_uri(model)
+            local = _prepare(secret_env, stream, str(uri), require=("config.json",))
+            engine_kwargs = dict(engine_kwargs)
+            engine_kwargs["model_weights"] = str(uri)  # vLLM then skips its own pull
+            engine_kwargs.setdefault("served_model_name", model)
+            if "tokenizer" in engine_kwargs:
+                engine_kwargs["tokenizer"] = _local_metadata(engine_kwargs["tokenizer"])
+            model = local
+        else:
+            _prepare(secret_env, stream, model)
+        super().__init__(data_column, expected_input_keys, model=model, engine_kwargs=engine_kwargs,
+                         **kwargs)
 
     def __del__(self) -> None:
         super().__del__()  # shuts the engine down
@@ -157,10 +183,14 @@ def build_streaming_processor(config: Any, **kwargs: Any) -> Processor:
     updates = resource_defaults(config)
     updates.update(store_updates(config, settings, updates))
     kwargs = _map_kwargs_defaults(kwargs)
+    secrets = {name: settings.env[name] for name in settings.secret_env}
+    secret_env = SecretEnv(secrets) if secrets else None
     if not config.streams_from_object_store:
         # Ray's own path; its downloader runs here in the driver and reads os.environ.
         with scoped_env(settings.env):
             processor = build_vllm_engine_processor(config.model_copy(update=updates), **kwargs)
+        if secret_env is not None:  # the only change to Ray's stages: deliver the secrets
+            _swap_udfs(processor, secret_env=secret_env, stream=False)
         processor.config = config
         return processor
 
@@ -176,6 +206,16 @@ def build_streaming_processor(config: Any, **kwargs: Any) -> Processor:
     processor = build_vllm_engine_processor(
         config.model_copy(update={**updates, "model_source": driver_dir}), **kwargs
     )
+    _swap_udfs(processor, secret_env=secret_env, stream=True, driver_dir=driver_dir, uri=str(uri))
+    processor.config = config
+    logger.info("Built a streaming processor for %s: stages %s", uri, list(processor.stages))
+    return processor
+
+
+def _swap_udfs(processor: Processor, *, secret_env: SecretEnv | None, stream: bool,
+               driver_dir: str | None = None, uri: str | None = None) -> None:
+    """Replace each stage's UDF by its subclass here; with ``stream`` hand every stage the
+    URI in place of the driver's local directory."""
     for name, stage in list(processor.stages.items()):
         replacement = _STREAMING_UDFS.get(stage.fn)
         if replacement is None:
@@ -183,15 +223,15 @@ def build_streaming_processor(config: Any, **kwargs: Any) -> Processor:
                 f"stage {name!r} runs {stage.fn.__name__}, which ray-stream-llm does not know "
                 "how to stream; this Ray version is not supported (tested: ray 2.60)"
             )
-        ctor = stage.fn_constructor_kwargs
-        if ctor.get("model") == driver_dir:
-            ctor["model"] = str(uri)
+        ctor = dict(stage.fn_constructor_kwargs)
+        if stream and ctor.get("model") == driver_dir:
+            ctor["model"] = uri
         model_config_kwargs = ctor.get("model_config_kwargs")
-        if isinstance(model_config_kwargs, dict) and model_config_kwargs.get("model") == driver_dir:
-            model_config_kwargs["model"] = str(uri)
+        if stream and isinstance(model_config_kwargs, dict) and model_config_kwargs.get("model") == driver_dir:
+            ctor["model_config_kwargs"] = {**model_config_kwargs, "model": uri}
+        ctor["stream"] = stream
+        if secret_env is not None:
+            ctor["secret_env"] = secret_env
         # model_copy, not assignment: Ray's stages validate on assignment, which
         # re-runs the engine stage's root validator and loses its placement group.
-        processor.stages[name] = stage.model_copy(update={"fn": replacement})
-    processor.config = config
-    logger.info("Built a streaming processor for %s: stages %s", uri, list(processor.stages))
-    return processor
+        processor.stages[name] = stage.model_copy(update={"fn": replacement, "fn_constructor_kwargs": ctor})

@@ -1,9 +1,13 @@
 """Deliver derived object-store settings to every process, merged with the user's own.
 
-Values, not hidden mutations: the settings become ``env_vars`` of the
+Values, not hidden mutations: the non-secret settings become ``env_vars`` of the
 processor's ``runtime_env`` (and of any stage that has its own), and
-``model_loader_extra_config`` of the engine. A value the user already set
-differently is an error naming both sources; secrets are never shown.
+``model_loader_extra_config`` of the engine. Secrets (secret keys, session
+tokens, Azure keys) do not go into the runtime_env, because Ray's runtime-env
+agent writes runtime_envs to its log: they travel in the stage UDFs'
+constructor arguments and are set in each actor's environment there
+(``_ray.SecretEnv``). A value the user already set differently is an error
+naming both sources; secrets are never shown.
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ def merge_runtime_env(
                 f"object_store sets {name} to {_shown(name, value, settings)}; set it in one "
                 "place only (remove it from the runtime_env or from ObjectStoreConfig)"
             )
-        env_vars[name] = value
+        if name not in settings.secret_env:  # secrets travel in the UDFs' arguments
+            env_vars[name] = value
     merged["env_vars"] = env_vars
     return merged
 

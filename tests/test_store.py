@@ -178,3 +178,18 @@ def test_settings_merged_into_runtime_env_stages_and_engine():
                                                                       "concurrency": 2}
     assert config.runtime_env == {"env_vars": {"MY_VAR": "1",
                                                "AWS_ENDPOINT_URL": "http://127.0.0.1:9000"}}
+
+
+def test_secrets_stay_out_of_runtime_env():
+    """Ray's runtime-env agent logs runtime_envs: secrets travel in the UDFs' arguments."""
+    from ray_stream_llm._ray import resource_defaults
+    from ray_stream_llm.runtime_env import store_updates
+
+    config = _config(object_store=ObjectStoreConfig(
+        endpoint_url="http://127.0.0.1:9000", aws_access_key_id="AKID",
+        aws_secret_access_key=SECRET, aws_session_token=SECRET + "-token"))
+    settings = derive_settings(config.object_store)
+    env = store_updates(config, settings, resource_defaults(config))["runtime_env"]["env_vars"]
+    assert env["AWS_ACCESS_KEY_ID"] == "AKID"
+    assert "AWS_SECRET_ACCESS_KEY" not in env and "AWS_SESSION_TOKEN" not in env
+    assert SECRET not in repr(env)
