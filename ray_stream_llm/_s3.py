@@ -101,9 +101,10 @@ def make_client(store: ObjectStoreConfig | None = None) -> Any:
 def check_backend(uri: ModelURI, store: ObjectStoreConfig | None) -> None:
     """Fail at first use, with the fix, when ``uri`` cannot be served here.
 
-    The streamer needs its backend package for the scheme. Metadata is listed and
-    fetched through the S3 API: native for s3://, and for gs:// through GCS's
-    S3-interoperability endpoint with HMAC keys.
+    The streamer needs its backend package for the scheme. This version lists and
+    fetches metadata through the S3 API only. GCS works through its S3
+    interoperability endpoint, addressed as ``s3://`` (the streamer 0.17's own
+    ``gs://`` listing always goes through its GCS backend, HMAC keys or not).
     """
     package, pip_line = STREAMABLE_SCHEMES[uri.scheme]
     if importlib.util.find_spec(package) is None:
@@ -113,18 +114,16 @@ def check_backend(uri: ModelURI, store: ObjectStoreConfig | None) -> None:
         )
     if uri.scheme == "s3":
         return
-    endpoint = (store.endpoint_url if store else None) or os.environ.get("AWS_ENDPOINT_URL")
-    if uri.scheme == "gs" and endpoint:
-        return
     fix = (
-        "set ObjectStoreConfig(endpoint_url='https://storage.googleapis.com', "
+        f"address the bucket as 's3://{uri.bucket}/{uri.prefix}' with "
+        "ObjectStoreConfig(endpoint_url='https://storage.googleapis.com', "
         "aws_access_key_id=<HMAC access id>, aws_secret_access_key=<HMAC secret>)"
         if uri.scheme == "gs"
-        else "copy the model to an S3-compatible store, or stream it with plain vLLM"
+        else "copy the model to an S3-compatible store, or load it with plain vLLM"
     )
     raise UnsupportedStoreError(
-        f"{str(uri)!r}: this version fetches metadata through the S3 API only, and "
-        f"{uri.scheme}:// has no S3 endpoint configured; {fix}"
+        f"{str(uri)!r}: this version of ray-stream-llm fetches metadata through the S3 API "
+        f"only; {fix}"
     )
 
 
