@@ -11,13 +11,16 @@ from ray_stream_llm.errors import (
     MissingBackendError,
     ModelNotFoundError,
     RayStreamLLMError,
+    SettingsConflictError,
     StoreTimeoutError,
     StoreUnreachableError,
     UnsafeObjectKeyError,
     UnsupportedLoadFormatError,
+    UnsupportedStoreError,
 )
 from ray_stream_llm.fetch import fetch_model_metadata
 from ray_stream_llm.processor import StreamingvLLMEngineProcessorConfig, build_llm_processor
+from ray_stream_llm.store import ObjectStoreConfig
 
 __version__ = "0.1.0"
 
@@ -26,12 +29,15 @@ __all__ = [
     "InvalidModelURIError",
     "MissingBackendError",
     "ModelNotFoundError",
+    "ObjectStoreConfig",
     "RayStreamLLMError",
+    "SettingsConflictError",
     "StoreTimeoutError",
     "StoreUnreachableError",
     "StreamingvLLMEngineProcessorConfig",
     "UnsafeObjectKeyError",
     "UnsupportedLoadFormatError",
+    "UnsupportedStoreError",
     "build_llm_processor",
     "fetch_model_metadata",
 ]

@@ -46,3 +46,7 @@ class MissingBackendError(RayStreamLLMError, ImportError):
 
 class UnsupportedStoreError(RayStreamLLMError, NotImplementedError):
     """The store can be streamed from but this version cannot list it for metadata."""
+
+
+class SettingsConflictError(RayStreamLLMError, ValueError):
+    """object_store derives a value that the user's own settings contradict."""

@@ -17,15 +17,11 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ray_stream_llm.errors import RayStreamLLMError
+from ray_stream_llm.errors import SettingsConflictError
 from ray_stream_llm.store import StoreSettings
 
 _STAGES = ("chat_template_stage", "tokenize_stage", "detokenize_stage", "prepare_multimodal_stage")
 _HIDDEN = "**********"
-
-
-class SettingsConflictError(RayStreamLLMError, ValueError):
-    """object_store derives a value that the user's own settings contradict."""
 
 
 def _shown(name: str, value: Any, settings: StoreSettings) -> str:
