@@ -8,8 +8,10 @@ Importing this package imports neither torch, vLLM nor the Run:ai streamer.
 from ray_stream_llm.errors import (
     AccessDeniedError,
     InvalidModelURIError,
+    InvalidSettingError,
     MissingBackendError,
     ModelNotFoundError,
+    NotStreamableError,
     RayStreamLLMError,
     SettingsConflictError,
     StoreTimeoutError,
@@ -19,6 +21,7 @@ from ray_stream_llm.errors import (
     UnsupportedStoreError,
 )
 from ray_stream_llm.fetch import fetch_model_metadata
+from ray_stream_llm.manifest import ModelFile, ModelManifest, inspect_model
 from ray_stream_llm.processor import StreamingvLLMEngineProcessorConfig, build_llm_processor
 from ray_stream_llm.store import ObjectStoreConfig
 
@@ -27,8 +30,12 @@ __version__ = "0.1.0"
 __all__ = [
     "AccessDeniedError",
     "InvalidModelURIError",
+    "InvalidSettingError",
     "MissingBackendError",
+    "ModelFile",
+    "ModelManifest",
     "ModelNotFoundError",
+    "NotStreamableError",
     "ObjectStoreConfig",
     "RayStreamLLMError",
     "SettingsConflictError",
@@ -40,4 +47,5 @@ __all__ = [
     "UnsupportedStoreError",
     "build_llm_processor",
     "fetch_model_metadata",
+    "inspect_model",
 ]

@@ -27,6 +27,8 @@ from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMEngineStageUDF
 
 from ray_stream_llm._shm import remove_orphaned_segments
 from ray_stream_llm.fetch import _fetch
+from ray_stream_llm.manifest import inspect_model
+from ray_stream_llm.processor import streaming_load_format
 from ray_stream_llm.runtime_env import scoped_env, store_updates
 from ray_stream_llm.store import ObjectStoreConfig, derive_settings
 from ray_stream_llm.uri import looks_like_uri, parse_model_uri
@@ -199,6 +201,10 @@ def build_streaming_processor(config: Any, **kwargs: Any) -> Processor:
     # a config.json, and gives Ray's builder a local directory (Ray would otherwise
     # download every non-safetensors file here).
     store = config.object_store
+    # Preflight: list, classify, check index and shard headers; typed errors here.
+    sharded = streaming_load_format(config.engine_kwargs) == "runai_streamer_sharded"
+    tp = int(config.engine_kwargs.get("tensor_parallel_size", 1)) if sharded else None
+    inspect_model(str(uri), object_store=store, tensor_parallel_size=tp).raise_if_not_streamable()
     driver_dir = _local_metadata(str(uri), require=("config.json",), store=store)
     tokenizer = config.engine_kwargs.get("tokenizer")
     if looks_like_uri(tokenizer):

@@ -35,8 +35,8 @@ _DENIED = {"AccessDenied", "403", "Forbidden", "AllAccessDisabled", "AccountProb
 _BAD_KEY = {"InvalidAccessKeyId"}
 _BAD_SECRET = {"SignatureDoesNotMatch"}
 _CREDENTIALS_FIX = (
-    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) in the driver "
-    "and in the runtime_env of the job"
+    "check aws_access_key_id / aws_secret_access_key (or profile_name) in ObjectStoreConfig, "
+    "or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (AWS_PROFILE) in the environment"
 )
 
 
@@ -139,6 +139,11 @@ def translate(exc: BaseException, uri: ModelURI, client: Any, what: str) -> RayS
     where = f"{what} {str(uri)!r} at endpoint {endpoint!r}"
     if isinstance(exc, bexc.ClientError):
         code = str(exc.response.get("Error", {}).get("Code", ""))
+        if code.isdigit():  # an HTTP status without an S3 error document
+            return StoreUnreachableError(
+                f"the endpoint answered HTTP {code} without an S3 error ({where}): it does not "
+                "look like an S3 API endpoint; check endpoint_url / AWS_ENDPOINT_URL"
+            )
         if code == "NoSuchBucket":
             return ModelNotFoundError(
                 f"bucket {uri.bucket!r} does not exist ({where}); check the bucket name "

@@ -50,3 +50,11 @@ class UnsupportedStoreError(RayStreamLLMError, NotImplementedError):
 
 class SettingsConflictError(RayStreamLLMError, ValueError):
     """object_store derives a value that the user's own settings contradict."""
+
+
+class NotStreamableError(RayStreamLLMError, ValueError):
+    """The model's files cannot be streamed (no safetensors, broken shards, bad index)."""
+
+
+class InvalidSettingError(RayStreamLLMError, ValueError):
+    """A streamer setting is outside what vLLM's runai loader accepts."""

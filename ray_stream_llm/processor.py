@@ -19,7 +19,7 @@ from pydantic import ConfigDict, Field
 from ray.data.llm import build_processor, vLLMEngineProcessorConfig
 from ray.llm._internal.batch.processor.base import ProcessorBuilder
 
-from ray_stream_llm.errors import UnsupportedLoadFormatError
+from ray_stream_llm.errors import InvalidSettingError, UnsupportedLoadFormatError
 from ray_stream_llm.store import ObjectStoreConfig
 from ray_stream_llm.uri import looks_like_uri, parse_model_uri
 
@@ -67,6 +67,31 @@ def streaming_load_format(engine_kwargs: dict[str, Any]) -> str | None:
     return None
 
 
+_LOADER_KEYS = ("distributed", "concurrency", "memory_limit")  # vLLM 0.29 runai loader
+
+
+def check_loader_extra_config(extra: Any) -> None:
+    """Check ``model_loader_extra_config`` the way vLLM's runai loader does, on the driver."""
+    if extra is None:
+        return
+    where = "engine_kwargs['model_loader_extra_config']"
+    if not isinstance(extra, dict):
+        raise InvalidSettingError(f"{where} must be a dict, got {extra!r}")
+    unknown = sorted(set(extra) - set(_LOADER_KEYS))
+    if unknown:
+        raise InvalidSettingError(
+            f"{where} has unknown key(s) {unknown}; the runai streamer accepts {list(_LOADER_KEYS)}"
+        )
+    value = extra.get("concurrency")
+    if "concurrency" in extra and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        raise InvalidSettingError(f"{where}['concurrency'] must be a positive integer, got {value!r}")
+    value = extra.get("memory_limit")
+    if "memory_limit" in extra and (isinstance(value, bool) or not isinstance(value, int) or value < -1):
+        raise InvalidSettingError(f"{where}['memory_limit'] must be an integer >= -1, got {value!r}")
+    if "distributed" in extra and not isinstance(extra["distributed"], bool):
+        raise InvalidSettingError(f"{where}['distributed'] must be a bool, got {extra['distributed']!r}")
+
+
 class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
     """``vLLMEngineProcessorConfig`` that streams weights from object storage.
 
@@ -106,9 +131,12 @@ class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
         self.check_streaming_source()
 
     def check_streaming_source(self) -> None:
-        """Raise a typed error for a misspelled streaming format or a malformed URI."""
-        if streaming_load_format(self.engine_kwargs) and looks_like_uri(self.model_source):
-            parse_model_uri(self.model_source)
+        """Raise a typed error for a misspelled streaming format, a malformed URI or
+        streamer settings vLLM's runai loader would refuse inside the engine."""
+        if streaming_load_format(self.engine_kwargs):
+            if looks_like_uri(self.model_source):
+                parse_model_uri(self.model_source)
+            check_loader_extra_config(self.engine_kwargs.get("model_loader_extra_config"))
 
     @property
     def streams_from_object_store(self) -> bool:
