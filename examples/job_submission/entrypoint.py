@@ -7,11 +7,14 @@ Submitted with the Ray Jobs CLI (see README.md beside this file):
         -- python entrypoint.py s3://models/SmolLM2-135M-Instruct/ /shared/results
 
 The store settings come from the environment, which the job's runtime_env
-``env_vars`` give to this driver and to every actor of the job:
-``AWS_ENDPOINT_URL`` (omit for AWS S3), ``AWS_REGION``, ``AWS_ACCESS_KEY_ID`` and
-``AWS_SECRET_ACCESS_KEY`` (omit both to use instance roles or profiles).
-``--endpoint-url`` and ``--region`` override the first two; the keys are read
-from the environment only, so they never appear in the job's entrypoint.
+``env_vars`` give to this driver and to every actor of the job, the standard AWS
+way: ``AWS_ENDPOINT_URL`` (omit for AWS S3), ``AWS_REGION``, ``AWS_ACCESS_KEY_ID``
+and ``AWS_SECRET_ACCESS_KEY`` (omit both to use instance roles or profiles).
+``--endpoint-url`` and ``--region`` give the first two as arguments instead; the
+library then delivers them to every actor (an ``ObjectStoreConfig``). Give each
+setting in one place: Ray refuses a job whose driver sets a variable that the
+job's runtime_env sets too. The keys are read from the environment only, so they
+never appear in the job's entrypoint.
 
 Output: Parquet files (columns question, answer, num_generated_tokens) in
 OUTPUT_DIR, which must be reachable from every node (a shared file system or an
@@ -21,6 +24,7 @@ OUTPUT_DIR, which must be reachable from every node (a shared file system or an
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -48,12 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("output_dir", nargs="?", default=os.environ.get("RSL_OUTPUT_DIR"),
                         help="where to write the Parquet results: an absolute path or an "
                              "s3:// URI (default: $RSL_OUTPUT_DIR)")
-    parser.add_argument("--endpoint-url", default=os.environ.get("AWS_ENDPOINT_URL"),
-                        help="S3 endpoint of an S3-compatible store (default: $AWS_ENDPOINT_URL; "
-                             "none: AWS S3)")
-    parser.add_argument("--region", default=os.environ.get("AWS_REGION")
-                        or os.environ.get("AWS_DEFAULT_REGION"),
-                        help="store region (default: $AWS_REGION)")
+    parser.add_argument("--endpoint-url", help="S3 endpoint of an S3-compatible store, when "
+                        "the environment has no AWS_ENDPOINT_URL")
+    parser.add_argument("--region", help="store region, when the environment has no AWS_REGION")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens to generate per answer")
     parser.add_argument("--batch-size", type=int, default=8)
     args = parser.parse_args(argv)
@@ -67,23 +68,30 @@ def _placeholders(values: dict[str, str | None]) -> list[str]:
     return [name for name, value in values.items() if value and re.search(r"<[^<>]+>", value)]
 
 
-def object_store_from(args: argparse.Namespace) -> Any:
-    """An ObjectStoreConfig from the arguments and the environment; None when nothing is set
-    (the standard AWS chain then applies: profiles, instance roles)."""
-    from ray_stream_llm.store import ObjectStoreConfig
+def _job_env_vars() -> dict[str, str]:
+    """The env_vars of the Ray job's runtime_env (empty when not run as a job)."""
+    config = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}")
+    return dict((config.get("runtime_env") or {}).get("env_vars") or {})
 
-    key_id = os.environ.get("AWS_ACCESS_KEY_ID")
-    secret = os.environ.get("AWS_SECRET_ACCESS_KEY")
-    unfilled = _placeholders({"AWS_ENDPOINT_URL / --endpoint-url": args.endpoint_url,
-                              "AWS_REGION / --region": args.region,
-                              "AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret})
+
+def object_store_from(args: argparse.Namespace) -> Any:
+    """The store settings given as arguments, as an ``ObjectStoreConfig``; None when there
+    are none: the environment then is all there is (every process reads it)."""
+    from ray_stream_llm.store import ObjectStoreConfig, derive_settings
+
+    names = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+    unfilled = _placeholders({name: os.environ.get(name) for name in names})
     if unfilled:
-        sys.exit(f"entrypoint.py: fill in {', '.join(unfilled)} (runtime_env.yaml still holds "
-                 "the placeholder)")
-    if not (args.endpoint_url or args.region or key_id or secret):
+        sys.exit(f"entrypoint.py: {', '.join(unfilled)} still hold the runtime_env.yaml "
+                 "placeholder: fill in the real values")
+    if not (args.endpoint_url or args.region):
         return None
-    return ObjectStoreConfig(endpoint_url=args.endpoint_url, region_name=args.region,
-                             aws_access_key_id=key_id, aws_secret_access_key=secret)
+    store = ObjectStoreConfig(endpoint_url=args.endpoint_url, region_name=args.region)
+    twice = sorted(set(derive_settings(store).env) & set(_job_env_vars()))
+    if twice:
+        sys.exit(f"entrypoint.py: --endpoint-url/--region set {', '.join(twice)}, which the "
+                 "job's runtime_env sets too; give each setting in one place")
+    return store
 
 
 def _output_path(output_dir: str) -> str:

@@ -1,0 +1,121 @@
+"""The console script as a user types it, against the real S3 server."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+CLI = [sys.executable, "-m", "ray_stream_llm.cli"]
+
+
+def _cli(args, env, timeout=120, cwd=None):
+    return subprocess.run(CLI + args, env=env, capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd)
+
+
+@pytest.fixture
+def env(s3_server, tmp_path):
+    return {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home"),
+            "RAY_STREAM_LLM_CACHE": str(tmp_path / "cache"), **s3_server.env()}
+
+
+@pytest.mark.parametrize("command", ["inspect", "fetch-metadata", "run", "demo"])
+def test_help_has_an_example(command, env):
+    proc = _cli([command, "--help"], env)
+    assert proc.returncode == 0 and "Example: ray-stream-llm " + command in proc.stdout
+
+
+def test_inspect_table_and_json(tiny_models, env):
+    model = tiny_models["hub-mirror"]
+    table = _cli(["inspect", model.uri], env)
+    assert table.returncode == 0, table.stderr
+    assert "streamable: yes" in table.stdout
+    lines = {line.split()[0]: line.split()[-1] for line in table.stdout.splitlines()[1:]
+             if line.startswith("  ")}
+    assert lines["model.safetensors"] == "streamable_weights"
+    assert lines["pytorch_model.bin"] == "other_weights"
+    assert lines["original/consolidated.00.pth"] == "other_weights"
+    assert lines["config.json"] == "metadata" and lines["README.md"] == "other"
+    as_json = _cli(["inspect", model.uri, "--json"], env)
+    manifest = json.loads(as_json.stdout)
+    assert manifest["streamable"] is True and manifest["problems"] == []
+    files = {f["path"]: f for f in manifest["files"]}
+    assert set(files) == {p for p in model.metadata | model.weights} | {
+        f for f in files if files[f]["role"] == "other"}
+    size = (model.local / "model.safetensors").stat().st_size
+    assert manifest["weight_bytes"] == size
+
+
+def test_inspect_not_streamable_exits_1_with_the_reason(s3_server, tiny_models, env):
+    s3_server.put("s3://models/cli/bin-only/config.json", b"{}")
+    s3_server.put("s3://models/cli/bin-only/pytorch_model.bin", b"\0" * 64)
+    proc = _cli(["inspect", "s3://models/cli/bin-only/"], env)
+    assert proc.returncode == 1
+    assert "streamable: no" in proc.stdout and "safe_serialization=True" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["inspect", "s3:/models/x"], "InvalidModelURIError"),
+        (["inspect", "s3://no-such-bucket/m/"], "ModelNotFoundError"),
+        (["fetch-metadata", "s3a://models/x/"], "use s3://models/x/"),
+        (["inspect", "s3://models/tiny/single/", "--endpoint-url", "minio:9000"], "invalid endpoint_url"),
+        (["run", "s3://models/tiny/single/", "missing.jsonl", "--column", "q", "--output", "o"],
+         "does not exist"),
+    ],
+)
+def test_bad_input_one_line_no_traceback(args, fragment, env, tiny_models, tmp_path):
+    proc = _cli(args, env, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert fragment in proc.stderr and "Traceback" not in proc.stderr
+    assert len([line for line in proc.stderr.splitlines() if line.strip()]) <= 3
+
+
+def test_fetch_metadata_prints_the_directory(tiny_models, env, tmp_path):
+    model = tiny_models["sharded"]
+    proc = _cli(["fetch-metadata", model.uri, "--dest", str(tmp_path / "meta")], env)
+    assert proc.returncode == 0, proc.stderr
+    path = Path(proc.stdout.strip())
+    assert path == tmp_path / "meta"
+    got = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()}
+    assert got - {".ray_stream_llm.json"} == set(model.metadata)
+
+
+@pytest.mark.e2e
+def test_run_jsonl_to_parquet_keeps_input_columns(tiny_models, s3_server):
+    """A `prompt` column (which Ray's chat-template stage would overwrite) and an extra
+    column come back unchanged, every row with generated text."""
+    import pyarrow.parquet as pq
+
+    from ray_stream_llm._shm import orphaned_segments
+
+    work = Path(tempfile.mkdtemp(prefix="rsl-cli-", dir="/tmp"))  # short: Ray socket paths
+    started = work.stat().st_mtime - 1
+    try:
+        rows = [{"prompt": f"hello world {i}", "id": i} for i in range(5)]
+        (work / "in.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+        env = {"PATH": os.environ["PATH"], "HOME": str(work / "home"), "TMPDIR": str(work),
+               "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
+               "VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": "1",
+               "VLLM_RPC_BASE_PATH": str(work), "TORCHINDUCTOR_CACHE_DIR": str(work / "ind"),
+               **s3_server.env()}
+        proc = _cli(["run", tiny_models["single"].uri, str(work / "in.jsonl"), "--column", "prompt",
+                     "--output", str(work / "out"), "--max-tokens", "4",
+                     "--engine-kwarg", "enforce_eager=true", "--engine-kwarg", "dtype=bfloat16"],
+                    env, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "rows: 5/5" in proc.stdout
+        table = pq.read_table(work / "out").to_pylist()
+        assert sorted((r["id"], r["prompt"]) for r in table) == [(r["id"], r["prompt"]) for r in rows]
+        assert all(r["generated_text"] and r["num_generated_tokens"] == 4 for r in table)
+        assert orphaned_segments(started) == []  # the engine's shared memory was released
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

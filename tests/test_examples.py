@@ -1,0 +1,411 @@
+"""The examples, run the way a user runs them, against the real local S3 server.
+
+* ``examples/job_submission/``: a Ray head started here (127.0.0.1 only, dashboard on),
+  the shipped ``runtime_env.yaml`` filled in with this server's endpoint and keys, the job
+  submitted with ``ray job submit``. It must end SUCCEEDED, print ``ROWS <n>`` and leave
+  Parquet with an answer for every question.
+* ``examples/notebook.ipynb``: executed top to bottom by nbclient in a fresh kernel whose
+  environment points at the server; its outputs must show every answer row.
+
+Each runs with HOME, TMPDIR, caches and Ray's session directory in one short /tmp
+directory (Ray's socket paths must stay under 107 bytes), which is walked for weight
+files afterwards. Every process a test starts is stopped by PID: ``ray stop`` would stop
+every Ray process on the machine, other users' included.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import psutil
+import pytest
+
+from models import is_weight
+from ray_stream_llm._localstore import LocalS3Server
+from ray_stream_llm._shm import orphaned_segments, remove_orphaned_segments
+from ray_stream_llm.job import LOCAL_ENV
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[1]
+JOB_DIR = REPO / "examples" / "job_submission"
+NOTEBOOK = REPO / "examples" / "notebook.ipynb"
+BIN = Path(sys.executable).parent  # the venv's python, ray
+PLACEHOLDER = re.compile(r"<[^<>]+>")
+MAX_TOKENS = 4  # the tiny model answers with random tokens: keep it short
+
+
+# --- helpers -------------------------------------------------------------------------------
+@pytest.fixture
+def work() -> Iterator[Path]:
+    """A short directory under /tmp for HOME, TMPDIR, caches and Ray's session dir."""
+    path = Path(tempfile.mkdtemp(prefix="rsl-ex-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _free_ports(count: int) -> list[int]:
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for s in socks:  # all bound at once, so the ports differ
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _isolated_env(work: Path) -> dict[str, str]:
+    """A process environment with no AWS variable and every user-level path inside ``work``."""
+    dirs = {name: work / name for name in ("home", "tmp", "rpc", "inductor")}
+    for d in dirs.values():
+        d.mkdir(parents=True, exist_ok=True)
+    return {
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",  # `python` and `ray`: the venv's
+        "LANG": "C.UTF-8",
+        "HOME": str(dirs["home"]),
+        "TMPDIR": str(dirs["tmp"]),
+        **LOCAL_ENV,  # loopback only, no usage stats, offline
+        "VLLM_RPC_BASE_PATH": str(dirs["rpc"]),
+        "TORCHINDUCTOR_CACHE_DIR": str(dirs["inductor"]),
+    }
+
+
+def _weight_files(roots: list[Path], since: float) -> dict[str, int]:
+    """Weight files (any format) under ``roots`` modified since ``since``: path -> bytes."""
+    found = {}
+    for root in roots:
+        for dirpath, _, filenames in os.walk(root):
+            for name in filenames:
+                path = Path(dirpath) / name
+                try:
+                    stat = path.stat()
+                except OSError:
+                    continue
+                if stat.st_mtime >= since and is_weight(name):
+                    found[str(path)] = stat.st_size
+    return found
+
+
+def _processes(markers: list[str]) -> list[psutil.Process]:
+    """Live processes whose command line names one of ``markers``, with all their descendants."""
+    roots = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if proc.pid == os.getpid():
+            continue
+        try:
+            cmdline = " ".join(proc.info["cmdline"] or ())
+        except psutil.Error:
+            continue
+        if any(m in cmdline for m in markers):
+            roots.append(proc)
+    found = {p.pid: p for p in roots}
+    for proc in roots:
+        try:
+            found.update({c.pid: c for c in proc.children(recursive=True)})
+        except psutil.Error:
+            pass
+    alive = []
+    for p in found.values():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+        except psutil.Error:
+            pass
+    return alive
+
+
+def _describe(procs: list[psutil.Process]) -> list[str]:
+    out = []
+    for p in procs:
+        try:
+            out.append(f"{p.pid} {' '.join(p.cmdline())[:160]}")
+        except psutil.Error:
+            out.append(f"{p.pid} (gone)")
+    return out
+
+
+def _stop_by_pid(procs: list[psutil.Process], grace: float = 20.0) -> list[str]:
+    """SIGTERM each process, SIGKILL whatever is left after ``grace``; returns the killed."""
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    killed = _describe(alive)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+    return killed
+
+
+def _reads(server: LocalS3Server, prefix: str, since: int) -> set[str]:
+    """Objects under ``prefix`` the server sent since request number ``since``."""
+    return {r.uri.removeprefix(prefix) for r in server.served()[since:]
+            if r.method == "GET" and r.status in (200, 206) and r.uri.startswith(prefix)}
+
+
+def _check_clean_disk(work: Path, start: float) -> None:
+    written = _weight_files([work, Path("/dev/shm")], start)
+    assert written == {}, f"weight files written to local disk: {written}"
+    leaked = [p.name for p in orphaned_segments(start - 1)]
+    remove_orphaned_segments(start - 1, wait=0)  # keep the machine clean either way
+    assert leaked == [], f"shared-memory segments left behind: {leaked}"
+
+
+def _load_entrypoint() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("rsl_example_entrypoint", JOB_DIR / "entrypoint.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # the __main__ guard: nothing runs
+    return module
+
+
+# --- a Ray head of our own ------------------------------------------------------------------
+class RayHead:
+    """``ray start --head`` on 127.0.0.1 with every port chosen free and its own temp dir;
+    stopped by PID (its processes name the temp dir or the GCS address on their command
+    lines; workers, agents and engines are their descendants)."""
+
+    def __init__(self, work: Path, env: dict[str, str]) -> None:
+        self.env = env
+        self.temp_dir = work / "ray"
+        (self.gcs_port, self.dashboard_port, client, agent_http, agent_grpc, runtime_env_agent,
+         metrics, node_manager, object_manager) = _free_ports(9)
+        self.address = f"127.0.0.1:{self.gcs_port}"
+        self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
+        self.cmd = [
+            str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1",
+            f"--port={self.gcs_port}", "--num-cpus=2", "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
+            f"--temp-dir={self.temp_dir}", f"--ray-client-server-port={client}",
+            f"--dashboard-agent-listen-port={agent_http}",
+            f"--dashboard-agent-grpc-port={agent_grpc}",
+            f"--runtime-env-agent-port={runtime_env_agent}", f"--metrics-export-port={metrics}",
+            f"--node-manager-port={node_manager}", f"--object-manager-port={object_manager}",
+            f"--object-store-memory={512 * 1024 * 1024}", "--disable-usage-stats",
+        ]
+        self.start_output = ""
+
+    def _log_tail(self, name: str, lines: int = 30) -> str:
+        path = self.temp_dir / "session_latest" / "logs" / name
+        try:
+            return f"--- {name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return f"--- {name}: none"
+
+    def start(self) -> None:
+        proc = subprocess.run(self.cmd, env=self.env, capture_output=True, text=True, timeout=180)
+        self.start_output = proc.stdout + proc.stderr
+        assert proc.returncode == 0, f"ray start failed ({proc.returncode}):\n{self.start_output[-4000:]}"
+        deadline, last = time.monotonic() + 90, None
+        while time.monotonic() < deadline:  # the Jobs API is served by the dashboard
+            try:
+                with urllib.request.urlopen(f"{self.dashboard_url}/api/version", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError) as exc:
+                last = exc
+            time.sleep(1)
+        pytest.fail(f"the Ray dashboard (needed by `ray job submit`) did not answer on "
+                    f"{self.dashboard_url} within 90 s: {last!r}\n"
+                    + "\n".join(self._log_tail(n) for n in ("dashboard.log", "dashboard.err",
+                                                            "dashboard_JobHead.err")))
+
+    def processes(self) -> list[psutil.Process]:
+        return _processes([str(self.temp_dir), self.address])
+
+    def stop(self) -> list[str]:
+        """Stop every process of this head; returns those that needed SIGKILL."""
+        killed = _stop_by_pid(self.processes())
+        left = self.processes()  # a descendant re-parented while the tree went down
+        if left:
+            killed += _stop_by_pid(left, grace=5)
+        survivors = self.processes()
+        assert survivors == [], f"processes of our Ray head survived: {_describe(survivors)}"
+        return killed
+
+    def job(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(BIN / "ray"), "job", *args, "--address", self.dashboard_url],
+                              env=self.env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def ray_head(work: Path) -> Iterator[RayHead]:
+    head = RayHead(work, _isolated_env(work))
+    try:
+        head.start()
+        yield head
+    finally:
+        t0 = time.monotonic()
+        killed = head.stop()
+        print(f"\nray head stopped in {time.monotonic() - t0:.1f}s; SIGKILLed: {killed}")
+
+
+# --- examples/job_submission ----------------------------------------------------------------
+def _filled_runtime_env(server: LocalS3Server, into: Path) -> Path:
+    """The shipped runtime_env.yaml with this server's endpoint and keys in the placeholders."""
+    import yaml
+
+    shipped = yaml.safe_load((JOB_DIR / "runtime_env.yaml").read_text())
+    # as shipped, working_dir is relative to the repository root, where the README runs it
+    assert (REPO / shipped["working_dir"] / "entrypoint.py").is_file(), shipped["working_dir"]
+    env_vars = dict(shipped["env_vars"])
+    fill = {"AWS_ENDPOINT_URL": server.endpoint_url, "AWS_REGION": server.region,
+            "AWS_ACCESS_KEY_ID": server.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": server.secret_access_key}
+    assert set(fill) <= set(env_vars), sorted(env_vars)
+    env_vars.update(fill)
+    left = {k: v for k, v in env_vars.items() if PLACEHOLDER.search(str(v))}
+    assert left == {}, f"placeholders with no value from the test: {left}"
+    assert all(isinstance(v, str) for v in env_vars.values()), env_vars  # Ray wants strings
+    path = into / "runtime_env.yaml"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        yaml.safe_dump({**shipped, "working_dir": str(JOB_DIR), "env_vars": env_vars}, f)
+    return path
+
+
+def test_job_submission_example(s3_server, tiny_models, work, ray_head):
+    import pyarrow.parquet as pq
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    questions = _load_entrypoint().QUESTIONS
+    model = tiny_models["single"]
+    runtime_env = _filled_runtime_env(s3_server, work)
+    out = work / "results"
+    submission_id = f"rsl-example-{uuid.uuid4().hex[:8]}"
+    before, start = len(s3_server.served()), time.time()
+
+    cmd = [str(BIN / "ray"), "job", "submit", "--address", ray_head.dashboard_url,
+           "--submission-id", submission_id, "--runtime-env", str(runtime_env),
+           "--working-dir", str(JOB_DIR), "--",
+           "python", "entrypoint.py", model.uri, str(out), "--max-tokens", str(MAX_TOKENS)]
+    try:  # waits for the job, tailing its logs; exits 1 when the job fails
+        proc = subprocess.run(cmd, env=ray_head.env, cwd=work, capture_output=True, text=True,
+                              timeout=480)
+    except subprocess.TimeoutExpired:
+        logs = ray_head.job("logs", submission_id).stdout
+        pytest.fail(f"the job did not finish in 480 s; its logs:\n{logs[-6000:]}")
+    submit_output = proc.stdout + proc.stderr
+    (work / "submit.log").write_text(submit_output)
+    info = JobSubmissionClient(ray_head.dashboard_url).get_job_info(submission_id)
+    logs = ray_head.job("logs", submission_id).stdout
+    assert proc.returncode == 0, f"ray job submit exited {proc.returncode}:\n{submit_output[-6000:]}"
+    assert info.status == JobStatus.SUCCEEDED, (info.status, info.message, logs[-4000:])
+    assert re.search(rf"^ROWS {len(questions)}$", logs, re.M), logs[-4000:]
+
+    # the Parquet output: every question once, each with generated text
+    rows = pq.read_table(out).to_pylist()
+    assert sorted(r["question"] for r in rows) == sorted(questions)
+    for row in rows:
+        assert isinstance(row["answer"], str) and row["answer"], row
+        assert row["num_generated_tokens"] == MAX_TOKENS, row
+    # streamed: the engine read the safetensors from the store (its access log), and no
+    # weight file of any format reached local disk (HOME, TMPDIR and Ray's session are in work)
+    assert "model.safetensors" in _reads(s3_server, model.uri, before)
+    _check_clean_disk(work, start)
+    print(f"\njob: {len(rows)} rows, {time.time() - start:.1f}s from submission "
+          f"({(info.end_time - info.start_time) / 1000:.1f}s as a Ray job)")
+
+
+# --- examples/notebook.ipynb ----------------------------------------------------------------
+def _notebook_questions(nb) -> list[str]:
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        for node in ast.parse(cell.source).body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "QUESTIONS"
+                                                    for t in node.targets):
+                return ast.literal_eval(node.value)
+    raise AssertionError("the notebook defines no QUESTIONS list")
+
+
+def _outputs_text(nb) -> str:
+    parts = []
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            if output.output_type == "stream":
+                parts.append(output.text)
+            elif output.output_type in ("execute_result", "display_data"):
+                parts.append(output.data.get("text/plain", ""))
+            elif output.output_type == "error":
+                parts.append("\n".join(output.traceback))
+    return "\n".join(parts)
+
+
+def test_notebook_example(s3_server, tiny_models, work, monkeypatch):
+    import nbformat
+    from nbclient import NotebookClient
+
+    model = tiny_models["single"]
+    jupyter = {"JUPYTER_RUNTIME_DIR": work / "jupyter" / "runtime",
+               "JUPYTER_DATA_DIR": work / "jupyter" / "data",
+               "JUPYTER_CONFIG_DIR": work / "jupyter" / "config", "IPYTHONDIR": work / "ipython"}
+    for name, path in jupyter.items():
+        path.mkdir(parents=True, exist_ok=True)
+        monkeypatch.setenv(name, str(path))  # the kernel's connection file: here, not in ~
+    env = {
+        **_isolated_env(work),
+        **{name: str(path) for name, path in jupyter.items()},
+        "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        # the notebook's parameters
+        "RSL_MODEL_URI": model.uri, "RSL_MAX_TOKENS": str(MAX_TOKENS), "RSL_NUM_CPUS": "2",
+        # the store, the standard AWS way: the notebook turns these into an ObjectStoreConfig
+        # (no RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING: the config derives path style)
+        "AWS_ENDPOINT_URL": s3_server.endpoint_url, "AWS_REGION": s3_server.region,
+        "AWS_ACCESS_KEY_ID": s3_server.access_key_id,
+        "AWS_SECRET_ACCESS_KEY": s3_server.secret_access_key,
+    }
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"), \
+        "examples/notebook.ipynb is committed with outputs; clear them"
+    questions = _notebook_questions(nb)
+    before, start = len(s3_server.served()), time.time()
+    client = NotebookClient(nb, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": str(work)}})
+    try:
+        client.execute(env=env, cwd=str(work))  # raises CellExecutionError on any failing cell
+    finally:
+        # the kernel is shut down by now, and the notebook's last cell stopped Ray
+        deadline = time.monotonic() + 30
+        while (left := _processes([str(work)])) and time.monotonic() < deadline:
+            time.sleep(1)
+        killed = _stop_by_pid(left) if left else []
+    assert killed == [], f"processes left running after the notebook: {killed}"
+    (work / "executed.ipynb").write_text(nbformat.writes(nb))
+
+    text = _outputs_text(nb)
+    for q in questions:  # every answer row, in whatever order Ray returned them
+        m = re.search(rf"^{re.escape(repr(q))} -> (.+) \((\d+) tokens\)$", text, re.M)
+        assert m, f"no answer row for {q!r} in the notebook's outputs:\n{text[-4000:]}"
+        answer = ast.literal_eval(m.group(1))
+        assert isinstance(answer, str) and answer, (q, answer)
+        assert int(m.group(2)) == MAX_TOKENS, m.group(0)
+    assert re.search(rf"^{len(questions)} rows$", text, re.M), text[-4000:]
+    assert re.search(r"^\s*[\d,]+\s+config\.json$", text, re.M), text[-4000:]  # metadata listing
+    assert re.search(r"^weight files written to local disk: 0$", text, re.M), text[-4000:]
+    assert s3_server.secret_access_key not in text  # the config shows its secret masked
+    assert "model.safetensors" in _reads(s3_server, model.uri, before)
+    _check_clean_disk(work, start)
+    print(f"\nnotebook: {len(questions)} rows, {time.time() - start:.1f}s")
