@@ -7,6 +7,7 @@ part between the markers. tests/test_docs.py fails when the README drifts from t
 from __future__ import annotations
 
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ END = "<!-- config-reference:end -->"
 
 
 def _type(annotation: Any) -> str:
+    if typing.get_origin(annotation) is typing.Literal:  # sorted: Ray builds some from sets
+        return "Literal[" + ", ".join(sorted(repr(a) for a in typing.get_args(annotation))) + "]"
     text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
     text = text or str(annotation)
     for noise in ("typing.", "pydantic.types.", "ray_stream_llm.store.", "NoneType"):

@@ -19,5 +19,5 @@ def test_config_reference_matches_the_code():
 
 
 def test_readme_first_lines_are_the_two_commands():
-    lines = [line for line in README.read_text().splitlines() if line.strip()][:4]
-    assert lines[1].startswith("make demo") and lines[2].startswith("make test")
+    lines = [line for line in README.read_text().splitlines() if line.strip()][:5]
+    assert lines[2].startswith("make demo") and lines[3].startswith("make test")
