@@ -19,6 +19,7 @@ from ray_stream_llm.errors import (
     UnsafeObjectKeyError,
     UnsupportedLoadFormatError,
     UnsupportedStoreError,
+    WeightLoadError,
 )
 from ray_stream_llm.fetch import fetch_model_metadata
 from ray_stream_llm.manifest import ModelFile, ModelManifest, inspect_model
@@ -45,6 +46,7 @@ __all__ = [
     "UnsafeObjectKeyError",
     "UnsupportedLoadFormatError",
     "UnsupportedStoreError",
+    "WeightLoadError",
     "build_llm_processor",
     "fetch_model_metadata",
     "inspect_model",

@@ -26,6 +26,7 @@ from ray.llm._internal.batch.stages.tokenize_stage import DetokenizeUDF, Tokeniz
 from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMEngineStageUDF
 
 from ray_stream_llm._shm import remove_orphaned_segments
+from ray_stream_llm.errors import WeightLoadError
 from ray_stream_llm.fetch import _fetch
 from ray_stream_llm.manifest import inspect_model
 from ray_stream_llm.processor import streaming_load_format
@@ -110,8 +111,10 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
 
     def __init__(self, data_column: str, expected_input_keys: list[str], model: str,
                  engine_kwargs: dict[str, Any], *, secret_env: SecretEnv | None = None,
-                 stream: bool = True, **kwargs: Any):
+                 stream: bool = True, load_retries: int = 0, load_retry_backoff_s: float = 0.0,
+                 **kwargs: Any):
         self._started = time.time() - 1.0  # file mtimes are coarser than time.time()
+        uri_text = model
         if stream:
             uri = parse_model_uri(model)
             local = _prepare(secret_env, stream, str(uri), require=("config.json",))
@@ -123,13 +126,60 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
             model = local
         else:
             _prepare(secret_env, stream, model)
-        super().__init__(data_column, expected_input_keys, model=model, engine_kwargs=engine_kwargs,
-                         **kwargs)
+        attempts = 1 + max(0, load_retries)
+        for attempt in range(1, attempts + 1):
+            try:
+                super().__init__(data_column, expected_input_keys, model=model,
+                                 engine_kwargs=engine_kwargs, **kwargs)
+                return
+            except (ValueError, TypeError):
+                raise  # a setting vLLM refused: the same on every attempt
+            except Exception as exc:  # the engine died starting: the store is the usual cause
+                self._release_engine()
+                cause = _store_check(uri_text) if stream else "not checked"
+                if attempt == attempts:
+                    raise WeightLoadError(
+                        f"the vLLM engine for {uri_text!r} failed to start {attempts} time(s) "
+                        f"(last error: {type(exc).__name__}: {exc}); object store now: {cause}. "
+                        "Check the store and the engine logs; load_retries and "
+                        "load_retry_backoff_s set the retry policy"
+                    ) from exc
+                delay = load_retry_backoff_s * 2 ** (attempt - 1)
+                logger.warning(
+                    "vLLM engine for %s failed to start (attempt %d/%d: %s: %s); object store: %s; "
+                    "retrying in %.1fs", uri_text, attempt, attempts, type(exc).__name__, exc,
+                    cause, delay,
+                )
+                time.sleep(delay)
+
+    def _release_engine(self) -> None:
+        """What a failed start left behind: the engine processes and their shared memory."""
+        llm = self.__dict__.pop("llm", None)
+        if llm is not None:
+            try:
+                llm.shutdown()
+            except Exception:  # already dead: nothing more to release
+                logger.debug("engine shutdown after a failed start raised", exc_info=True)
+        remove_orphaned_segments(self._started, wait=2.0)
 
     def __del__(self) -> None:
         super().__del__()  # shuts the engine down
         if hasattr(self, "_started"):
             remove_orphaned_segments(self._started)
+
+
+def _store_check(uri: str) -> str:
+    """One listing of the model: 'reachable', or the typed error's message."""
+    from ray_stream_llm import _s3
+    from ray_stream_llm.errors import RayStreamLLMError
+
+    model = parse_model_uri(uri)
+    try:
+        client = _s3.make_client()
+        next(iter(_s3.list_objects(client, model)), None)
+    except RayStreamLLMError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "reachable"
 
 
 _STREAMING_UDFS: dict[type, type] = {
@@ -212,14 +262,16 @@ def build_streaming_processor(config: Any, **kwargs: Any) -> Processor:
     processor = build_vllm_engine_processor(
         config.model_copy(update={**updates, "model_source": driver_dir}), **kwargs
     )
-    _swap_udfs(processor, secret_env=secret_env, stream=True, driver_dir=driver_dir, uri=str(uri))
+    _swap_udfs(processor, secret_env=secret_env, stream=True, driver_dir=driver_dir, uri=str(uri),
+               load_retries=config.load_retries, load_retry_backoff_s=config.load_retry_backoff_s)
     processor.config = config
     logger.info("Built a streaming processor for %s: stages %s", uri, list(processor.stages))
     return processor
 
 
 def _swap_udfs(processor: Processor, *, secret_env: SecretEnv | None, stream: bool,
-               driver_dir: str | None = None, uri: str | None = None) -> None:
+               driver_dir: str | None = None, uri: str | None = None, load_retries: int = 0,
+               load_retry_backoff_s: float = 0.0) -> None:
     """Replace each stage's UDF by its subclass here; with ``stream`` hand every stage the
     URI in place of the driver's local directory."""
     for name, stage in list(processor.stages.items()):
@@ -236,6 +288,9 @@ def _swap_udfs(processor: Processor, *, secret_env: SecretEnv | None, stream: bo
         if stream and isinstance(model_config_kwargs, dict) and model_config_kwargs.get("model") == driver_dir:
             ctor["model_config_kwargs"] = {**model_config_kwargs, "model": uri}
         ctor["stream"] = stream
+        if replacement is StreamingvLLMEngineStageUDF and stream:
+            ctor["load_retries"] = load_retries
+            ctor["load_retry_backoff_s"] = load_retry_backoff_s
         if secret_env is not None:
             ctor["secret_env"] = secret_env
         # model_copy, not assignment: Ray's stages validate on assignment, which

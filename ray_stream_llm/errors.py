@@ -58,3 +58,7 @@ class NotStreamableError(RayStreamLLMError, ValueError):
 
 class InvalidSettingError(RayStreamLLMError, ValueError):
     """A streamer setting is outside what vLLM's runai loader accepts."""
+
+
+class WeightLoadError(RayStreamLLMError, ConnectionError):
+    """An engine could not load the weights within the retry policy."""

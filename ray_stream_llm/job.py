@@ -55,6 +55,7 @@ def run_job(
     num_cpus: int | None = None,
     ray_temp_dir: str | None = None,
     object_store: Any = None,
+    config_kwargs: dict[str, Any] | None = None,
 ) -> JobResult:
     """Answer ``questions`` with the model at ``model_uri``; every row comes back.
 
@@ -86,6 +87,7 @@ def run_job(
         batch_size=batch_size,
         concurrency=1,
         object_store=object_store,
+        **(config_kwargs or {}),
     )
     processor = build_llm_processor(
         config,

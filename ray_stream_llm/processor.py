@@ -116,6 +116,19 @@ class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
     # A validation error must not echo a secret of object_store back.
     model_config = ConfigDict(hide_input_in_errors=True)
 
+    load_retries: int = Field(
+        default=2,
+        ge=0,
+        description="Streamed load formats: how many times an engine that failed to start "
+        "(typically the store dropped while streaming weights) is started again before the "
+        "actor fails with a WeightLoadError naming the cause.",
+    )
+    load_retry_backoff_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="Seconds before the first retry of a failed engine start; doubled on each "
+        "further retry.",
+    )
     object_store: ObjectStoreConfig | None = Field(
         default=None,
         description="Endpoint, credentials, addressing and streamer tuning of the object "

@@ -24,6 +24,7 @@ def main() -> None:
         ray_temp_dir=spec["ray_temp_dir"],
         num_cpus=2,
         object_store=store,
+        config_kwargs=spec.get("config") or {},
     )
     import ray
 

@@ -59,6 +59,7 @@ def _weight_files(roots: list[Path], since: float) -> dict[str, int]:
 
 def run_isolated(server: LocalS3Server, work: Path, model: str, load_format: str | None,
                  questions: list[str], max_tokens: int = 24, object_store: dict | None = None,
+                 config: dict | None = None, expect_failure: bool = False,
                  ) -> tuple[dict, dict[str, int], float]:
     """Run the job as a user's script. With ``object_store`` the store settings are given
     only in the config: the driver's environment holds no AWS variable at all."""
@@ -77,15 +78,19 @@ def run_isolated(server: LocalS3Server, work: Path, model: str, load_format: str
     }
     spec = {"model": model, "load_format": load_format, "questions": questions,
             "max_tokens": max_tokens, "ray_temp_dir": str(work / "ray"),
-            "object_store": object_store}
+            "object_store": object_store, "config": config or {}}
     (work / "spec.json").write_text(json.dumps(spec))
     start = time.time()
     proc = subprocess.run([sys.executable, str(DRIVER), str(work / "spec.json"), str(work / "out.json")],
                           env=env, cwd=work, capture_output=True, text=True, timeout=600)
     (work / "driver.log").write_text(proc.stdout + proc.stderr)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    if expect_failure:
+        assert proc.returncode != 0, "the job was expected to fail"
+    else:
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     written = _weight_files([work, Path("/dev/shm"), Path("/tmp")], start)
-    out = json.loads((work / "out.json").read_text())
+    out = {"log": proc.stdout + proc.stderr} if expect_failure else json.loads(
+        (work / "out.json").read_text())
     # Shared-memory segments no live process maps, created during the run. Our engine UDF
     # removes its own; Ray's (the control run) leaks vLLM's 160 MiB ring buffer: record it,
     # then remove it so the machine stays clean.

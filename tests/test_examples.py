@@ -140,7 +140,7 @@ def _describe(procs: list[psutil.Process]) -> list[str]:
     return out
 
 
-def _stop_by_pid(procs: list[psutil.Process], grace: float = 20.0) -> list[str]:
+def _stop_by_pid(procs: list[psutil.Process], grace: float = 10.0) -> list[str]:
     """SIGTERM each process, SIGKILL whatever is left after ``grace``; returns the killed."""
     for p in procs:
         try:
