@@ -1,10 +1,10 @@
 """Quickstart: stream a model's weights from S3 into vLLM engines in a Ray Data job.
 
-Set the store in the environment of the driver (Ray passes it to local actors;
-on a multi-node cluster put the same variables in the job's runtime_env):
+The same code as the README's first snippet, with the model URI from the command line.
+The store is reached the standard AWS way, from the environment (or give
+object_store=ObjectStoreConfig(...) in the config):
     export AWS_ENDPOINT_URL=http://127.0.0.1:9000   # omit for AWS S3
     export AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=... AWS_REGION=us-east-1
-    export RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING=0   # S3-compatible stores (path style)
     python examples/quickstart.py s3://models/SmolLM2-135M-Instruct/
 """
 
@@ -18,11 +18,11 @@ from ray_stream_llm import StreamingvLLMEngineProcessorConfig, build_llm_process
 def main(model_uri: str) -> None:
     config = StreamingvLLMEngineProcessorConfig(
         model_source=model_uri,
-        engine_kwargs={"load_format": "runai_streamer", "enforce_eager": True},
+        engine_kwargs={"load_format": "runai_streamer"},
         batch_size=8,
         concurrency=1,
     )
-    processor = build_llm_processor(
+    processor = build_llm_processor(          # or Ray's own ray.data.llm.build_processor
         config,
         preprocess=lambda row: dict(
             messages=[{"role": "user", "content": row["question"]}],
@@ -30,9 +30,8 @@ def main(model_uri: str) -> None:
         ),
         postprocess=lambda row: dict(question=row["question"], answer=row["generated_text"]),
     )
-    ds = ray.data.from_items([{"question": "What is 2+2?"}, {"question": "Name a primary color."}])
-    for row in processor(ds).take_all():
-        print(row["question"], "->", row["answer"])
+    ds = processor(ray.data.from_items([{"question": "What is 2+2?"}]))
+    print(ds.take_all())
 
 
 if __name__ == "__main__":  # vLLM spawns processes: keep the guard

@@ -210,6 +210,16 @@ def run(model_uri: str, input: str, column: str, output: str, max_tokens: int, t
     seconds = time.perf_counter() - start
     click.echo(f"rows: {rows}/{rows_in}  generated tokens: {generated}  seconds: {seconds:.1f}  "
                f"output: {output}")
+    if config.streams_from_object_store:
+        from ray_stream_llm.fetch import _fetch
+        from ray_stream_llm.manifest import inspect_model
+        from ray_stream_llm.uri import parse_model_uri
+
+        report = _fetch(parse_model_uri(model_uri), None, store=config.object_store)
+        manifest = inspect_model(model_uri, object_store=config.object_store, check_headers=False)
+        click.echo(f"load: {report.files} metadata files ({_size(report.bytes)}) on local disk; "
+                   f"{_size(manifest.weight_bytes)} of safetensors streamed by each engine; "
+                   f"{report.skipped_weight_files} weight files never written locally")
     ray.shutdown()
     if rows != rows_in:
         raise click.ClickException(f"{rows_in - rows} row(s) missing from the output")

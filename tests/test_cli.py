@@ -113,6 +113,7 @@ def test_run_jsonl_to_parquet_keeps_input_columns(tiny_models, s3_server):
                     env, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "rows: 5/5" in proc.stdout
+        assert "load: 5 metadata files" in proc.stdout and "1 weight files never written" in proc.stdout
         table = pq.read_table(work / "out").to_pylist()
         assert sorted((r["id"], r["prompt"]) for r in table) == [(r["id"], r["prompt"]) for r in rows]
         assert all(r["generated_text"] and r["num_generated_tokens"] == 4 for r in table)
