@@ -68,9 +68,23 @@ class SecretEnv:
         return f"SecretEnv({sorted(self._values)})"
 
 
+def _actor_logging() -> None:
+    """In the stage actors this library creates (never in the user's own processes), show
+    its INFO lines (fetch and load figures) in the worker log and the driver, as Ray's own
+    libraries do, unless logging was configured there already."""
+    package = logging.getLogger("ray_stream_llm")
+    if package.level == logging.NOTSET:
+        package.setLevel(logging.INFO)
+    if not package.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        package.addHandler(handler)
+
+
 def _prepare(secret_env: SecretEnv | None, stream: bool, model: Any, **kw: Any) -> Any:
     """In the actor, first thing: the secrets into its environment (the engine's child
     processes inherit it), then the model's metadata when the weights are streamed."""
+    _actor_logging()
     if secret_env is not None:
         secret_env.apply()
     return _local_metadata(model, **kw) if stream else model
@@ -114,10 +128,14 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
                  stream: bool = True, load_retries: int = 0, load_retry_backoff_s: float = 0.0,
                  **kwargs: Any):
         self._started = time.time() - 1.0  # file mtimes are coarser than time.time()
+        begin = time.perf_counter()
         uri_text = model
+        fetched = None
         if stream:
             uri = parse_model_uri(model)
-            local = _prepare(secret_env, stream, str(uri), require=("config.json",))
+            _prepare(secret_env, False, None)  # logging and secrets; the fetch is next
+            fetched = _fetch(uri, None, require=("config.json",))
+            local = str(fetched.path)
             engine_kwargs = dict(engine_kwargs)
             engine_kwargs["model_weights"] = str(uri)  # vLLM then skips its own pull
             engine_kwargs.setdefault("served_model_name", model)
@@ -131,6 +149,8 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
             try:
                 super().__init__(data_column, expected_input_keys, model=model,
                                  engine_kwargs=engine_kwargs, **kwargs)
+                if fetched is not None:
+                    _log_engine_ready(uri_text, fetched, time.perf_counter() - begin, attempt)
                 return
             except (ValueError, TypeError):
                 raise  # a setting vLLM refused: the same on every attempt
@@ -166,6 +186,20 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         super().__del__()  # shuts the engine down
         if hasattr(self, "_started"):
             remove_orphaned_segments(self._started)
+
+
+def _log_engine_ready(uri: str, fetched: Any, seconds: float, attempt: int) -> None:
+    """One INFO line per engine with the figures of its start."""
+    logger.info(
+        "Engine ready for %s in %.1fs (attempt %d): %d metadata files (%d bytes) on local disk, "
+        "fetched in %.2fs (%s); %d bytes of safetensors streamed from the store; streamer "
+        "concurrency=%s memory_limit=%s chunk_bytesize=%s",
+        uri, seconds, attempt, fetched.files, fetched.bytes, fetched.seconds,
+        "downloaded" if fetched.downloaded else "already on this node", fetched.streamable_bytes,
+        os.environ.get("RUNAI_STREAMER_CONCURRENCY", "default"),
+        os.environ.get("RUNAI_STREAMER_MEMORY_LIMIT", "default"),
+        os.environ.get("RUNAI_STREAMER_CHUNK_BYTESIZE", "default"),
+    )
 
 
 def _store_check(uri: str) -> str:

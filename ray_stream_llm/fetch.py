@@ -49,6 +49,7 @@ class FetchReport:
     downloaded: bool  # False: the complete directory was already there
     skipped_weight_files: int
     skipped_weight_bytes: int
+    streamable_bytes: int  # the *.safetensors among the skipped weights: what engines stream
 
 
 def cache_root() -> Path:
@@ -171,6 +172,8 @@ def _fetch(
             downloaded=downloaded,
             skipped_weight_files=len(weights),
             skipped_weight_bytes=sum(o.size for o in weights),
+            streamable_bytes=sum(o.size for o in weights
+                                 if roles[o.path] is FileRole.STREAMABLE_WEIGHTS),
         )
 
     if (_read_marker(target) or {}).get("files") == fingerprint:

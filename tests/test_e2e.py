@@ -126,6 +126,11 @@ def test_streamed_smollm2_answers_with_no_weights_on_disk(s3_server, smollm2, wo
                  if r.method == "GET" and r.status == 200 and r.uri.startswith(smollm2.uri)
                  and not r.uri.endswith(".safetensors")]
     assert sorted(meta_gets) == sorted(f"{smollm2.uri}{m}" for m in smollm2.metadata)
+    # the engine's load line: its streamed bytes are the bytes of the object the store served
+    size = (smollm2.local / "model.safetensors").stat().st_size
+    log = (work / "driver.log").read_text()
+    assert f"Engine ready for {smollm2.uri}" in log
+    assert f"{size} bytes of safetensors streamed from the store" in log
     print(f"\nstreamed: {len(rows)} rows, first row {out['first_row_seconds']:.1f}s, "
           f"total {seconds:.1f}s, weight bytes on disk 0, metadata {out['metadata_files']} files "
           f"{out['metadata_bytes']} B")
