@@ -16,9 +16,10 @@ every Ray process on the machine, other users' included.
 from __future__ import annotations
 
 import ast
-import importlib.util
+import json
 import os
 import re
+import runpy
 import shutil
 import socket
 import subprocess
@@ -30,7 +31,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -39,8 +40,6 @@ from models import is_weight
 from ray_stream_llm._localstore import LocalS3Server
 from ray_stream_llm._shm import orphaned_segments, remove_orphaned_segments
 from ray_stream_llm.job import LOCAL_ENV
-
-pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
 JOB_DIR = REPO / "examples" / "job_submission"
@@ -172,12 +171,11 @@ def _check_clean_disk(work: Path, start: float) -> None:
     assert leaked == [], f"shared-memory segments left behind: {leaked}"
 
 
-def _load_entrypoint() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("rsl_example_entrypoint", JOB_DIR / "entrypoint.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # the __main__ guard: nothing runs
-    return module
+def _load_entrypoint() -> SimpleNamespace:
+    """examples/job_submission/entrypoint.py's names (its __main__ guard: nothing runs),
+    without writing bytecode into the folder that `ray job submit` uploads."""
+    return SimpleNamespace(**runpy.run_path(str(JOB_DIR / "entrypoint.py"),
+                                            run_name="rsl_example_entrypoint"))
 
 
 # --- a Ray head of our own ------------------------------------------------------------------
@@ -214,7 +212,8 @@ class RayHead:
             return f"--- {name}: none"
 
     def start(self) -> None:
-        proc = subprocess.run(self.cmd, env=self.env, capture_output=True, text=True, timeout=180)
+        proc = subprocess.run(self.cmd, env=self.env, capture_output=True, text=True, timeout=180,
+                              check=False)
         self.start_output = proc.stdout + proc.stderr
         assert proc.returncode == 0, f"ray start failed ({proc.returncode}):\n{self.start_output[-4000:]}"
         deadline, last = time.monotonic() + 90, None
@@ -246,7 +245,8 @@ class RayHead:
 
     def job(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(BIN / "ray"), "job", *args, "--address", self.dashboard_url],
-                              env=self.env, capture_output=True, text=True, timeout=timeout)
+                              env=self.env, capture_output=True, text=True, timeout=timeout,
+                              check=False)
 
 
 @pytest.fixture
@@ -281,11 +281,52 @@ def _filled_runtime_env(server: LocalS3Server, into: Path) -> Path:
     path = into / "runtime_env.yaml"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        yaml.safe_dump({**shipped, "working_dir": str(JOB_DIR), "env_vars": env_vars}, f)
+        yaml.safe_dump({**shipped, "env_vars": env_vars}, f)
     return path
 
 
-def test_job_submission_example(s3_server, tiny_models, work, ray_head):
+def test_job_entrypoint_store_settings(monkeypatch):
+    """Without Ray: where entrypoint.py takes the store settings from, and its early errors."""
+    from ray_stream_llm import ObjectStoreConfig
+
+    entry = _load_entrypoint()
+    for name in ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                 "RAY_JOB_CONFIG_JSON_ENV_VAR", "RSL_MODEL_URI", "RSL_OUTPUT_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    args = entry.parse_args(["s3://m/x/", "/tmp/out"])
+    assert entry.object_store_from(args) is None  # the environment is all there is
+    # the shipped runtime_env's placeholders, unfilled: refused, naming them
+    import yaml
+
+    shipped = yaml.safe_load((JOB_DIR / "runtime_env.yaml").read_text())["env_vars"]
+    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, shipped[name])
+    with pytest.raises(SystemExit, match="AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY"):
+        entry.object_store_from(args)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    # endpoint and region as arguments: an ObjectStoreConfig, path style for an IP endpoint
+    args = entry.parse_args(["s3://m/x/", "/tmp/out", "--endpoint-url", "http://127.0.0.1:9000",
+                             "--region", "eu-west-1"])
+    store = entry.object_store_from(args)
+    assert isinstance(store, ObjectStoreConfig)
+    assert (store.endpoint_url, store.region_name, store.aws_access_key_id) == (
+        "http://127.0.0.1:9000", "eu-west-1", None)  # keys: from the environment only
+    assert store.resolved_addressing_style() == "path"
+    # ... and also in the job's runtime_env: refused before Ray's own, secret-printing error
+    job = {"runtime_env": {"env_vars": {"AWS_REGION": "eu-west-1", "AWS_SECRET_ACCESS_KEY": "s"}}}
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(job))
+    with pytest.raises(SystemExit, match="set AWS_REGION, which the job's runtime_env sets too"):
+        entry.object_store_from(args)
+    # a relative output directory would land in Ray's temporary copy of working_dir
+    assert entry._output_path("results") == str(Path.cwd() / "results")
+    with pytest.raises(SystemExit):
+        entry.parse_args([])
+
+
+@pytest.mark.e2e
+def test_job_submission_example(s3_server, tiny_models, work, ray_head, tmp_path):
     import pyarrow.parquet as pq
     from ray.job_submission import JobStatus, JobSubmissionClient
 
@@ -298,21 +339,23 @@ def test_job_submission_example(s3_server, tiny_models, work, ray_head):
 
     cmd = [str(BIN / "ray"), "job", "submit", "--address", ray_head.dashboard_url,
            "--submission-id", submission_id, "--runtime-env", str(runtime_env),
-           "--working-dir", str(JOB_DIR), "--",
+           "--working-dir", str(JOB_DIR.relative_to(REPO)), "--",
            "python", "entrypoint.py", model.uri, str(out), "--max-tokens", str(MAX_TOKENS)]
-    try:  # waits for the job, tailing its logs; exits 1 when the job fails
-        proc = subprocess.run(cmd, env=ray_head.env, cwd=work, capture_output=True, text=True,
-                              timeout=480)
+    # from the repository root, as the README says; waits for the job, tailing its logs,
+    # and exits 1 when the job fails
+    try:
+        proc = subprocess.run(cmd, env=ray_head.env, cwd=REPO, capture_output=True, text=True,
+                              timeout=480, check=False)
     except subprocess.TimeoutExpired:
         logs = ray_head.job("logs", submission_id).stdout
         pytest.fail(f"the job did not finish in 480 s; its logs:\n{logs[-6000:]}")
     submit_output = proc.stdout + proc.stderr
-    (work / "submit.log").write_text(submit_output)
     info = JobSubmissionClient(ray_head.dashboard_url).get_job_info(submission_id)
     logs = ray_head.job("logs", submission_id).stdout
+    (tmp_path / "job.log").write_text(logs)  # kept by pytest, for a look afterwards
     assert proc.returncode == 0, f"ray job submit exited {proc.returncode}:\n{submit_output[-6000:]}"
     assert info.status == JobStatus.SUCCEEDED, (info.status, info.message, logs[-4000:])
-    assert re.search(rf"^ROWS {len(questions)}$", logs, re.M), logs[-4000:]
+    assert re.search(rf"^ROWS {len(questions)}$", logs, re.MULTILINE), logs[-4000:]
 
     # the Parquet output: every question once, each with generated text
     rows = pq.read_table(out).to_pylist()
@@ -353,7 +396,8 @@ def _outputs_text(nb) -> str:
     return "\n".join(parts)
 
 
-def test_notebook_example(s3_server, tiny_models, work, monkeypatch):
+@pytest.mark.e2e
+def test_notebook_example(s3_server, tiny_models, work, monkeypatch, tmp_path):
     import nbformat
     from nbclient import NotebookClient
 
@@ -387,24 +431,25 @@ def test_notebook_example(s3_server, tiny_models, work, monkeypatch):
     try:
         client.execute(env=env, cwd=str(work))  # raises CellExecutionError on any failing cell
     finally:
+        # what ran, outputs and all, for a look afterwards (pytest keeps tmp_path)
+        nbformat.write(nb, tmp_path / "notebook.executed.ipynb")
         # the kernel is shut down by now, and the notebook's last cell stopped Ray
         deadline = time.monotonic() + 30
         while (left := _processes([str(work)])) and time.monotonic() < deadline:
             time.sleep(1)
         killed = _stop_by_pid(left) if left else []
     assert killed == [], f"processes left running after the notebook: {killed}"
-    (work / "executed.ipynb").write_text(nbformat.writes(nb))
 
     text = _outputs_text(nb)
     for q in questions:  # every answer row, in whatever order Ray returned them
-        m = re.search(rf"^{re.escape(repr(q))} -> (.+) \((\d+) tokens\)$", text, re.M)
+        m = re.search(rf"^{re.escape(repr(q))} -> (.+) \((\d+) tokens\)$", text, re.MULTILINE)
         assert m, f"no answer row for {q!r} in the notebook's outputs:\n{text[-4000:]}"
         answer = ast.literal_eval(m.group(1))
         assert isinstance(answer, str) and answer, (q, answer)
         assert int(m.group(2)) == MAX_TOKENS, m.group(0)
-    assert re.search(rf"^{len(questions)} rows$", text, re.M), text[-4000:]
-    assert re.search(r"^\s*[\d,]+\s+config\.json$", text, re.M), text[-4000:]  # metadata listing
-    assert re.search(r"^weight files written to local disk: 0$", text, re.M), text[-4000:]
+    assert re.search(rf"^{len(questions)} rows$", text, re.MULTILINE), text[-4000:]
+    assert re.search(r"^\s*[\d,]+\s+config\.json$", text, re.MULTILINE), text[-4000:]  # metadata listing
+    assert re.search(r"^weight files written to local disk: 0$", text, re.MULTILINE), text[-4000:]
     assert s3_server.secret_access_key not in text  # the config shows its secret masked
     assert "model.safetensors" in _reads(s3_server, model.uri, before)
     _check_clean_disk(work, start)

@@ -77,7 +77,8 @@ def _job_env_vars() -> dict[str, str]:
 def object_store_from(args: argparse.Namespace) -> Any:
     """The store settings given as arguments, as an ``ObjectStoreConfig``; None when there
     are none: the environment then is all there is (every process reads it)."""
-    from ray_stream_llm.store import ObjectStoreConfig, derive_settings
+    from ray_stream_llm import ObjectStoreConfig
+    from ray_stream_llm.store import derive_settings
 
     names = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
     unfilled = _placeholders({name: os.environ.get(name) for name in names})
