@@ -30,7 +30,7 @@ from ray_stream_llm.errors import WeightLoadError
 from ray_stream_llm.fetch import _fetch
 from ray_stream_llm.manifest import inspect_model
 from ray_stream_llm.processor import streaming_load_format
-from ray_stream_llm.runtime_env import scoped_env, store_updates
+from ray_stream_llm.runtime_env import deliver_env, scoped_env, store_updates
 from ray_stream_llm.store import ObjectStoreConfig, derive_settings
 from ray_stream_llm.uri import looks_like_uri, parse_model_uri
 
@@ -275,8 +275,9 @@ def build_streaming_processor(config: Any, **kwargs: Any) -> Processor:
         # Ray's own path; its downloader runs here in the driver and reads os.environ.
         with scoped_env(settings.env):
             processor = build_vllm_engine_processor(config.model_copy(update=updates), **kwargs)
-        if secret_env is not None:  # the only change to Ray's stages: deliver the secrets
+        if secret_env is not None:  # the only change to Ray's UDFs: deliver the secrets
             _swap_udfs(processor, secret_env=secret_env, stream=False)
+        _deliver_env(processor, settings)
         processor.config = config
         return processor
 
@@ -298,9 +299,17 @@ def build_streaming_processor(config: Any, **kwargs: Any) -> Processor:
     )
     _swap_udfs(processor, secret_env=secret_env, stream=True, driver_dir=driver_dir, uri=str(uri),
                load_retries=config.load_retries, load_retry_backoff_s=config.load_retry_backoff_s)
+    _deliver_env(processor, settings)
     processor.config = config
     logger.info("Built a streaming processor for %s: stages %s", uri, list(processor.stages))
     return processor
+
+
+def _deliver_env(processor: Processor, settings: Any) -> None:
+    """The non-secret settings into every stage's own runtime_env."""
+    for name, stage in list(processor.stages.items()):
+        kwargs = deliver_env(stage.map_batches_kwargs, settings, name)
+        processor.stages[name] = stage.model_copy(update={"map_batches_kwargs": kwargs})
 
 
 def _swap_udfs(processor: Processor, *, secret_env: SecretEnv | None, stream: bool,

@@ -109,8 +109,9 @@ class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
 
     ``object_store`` sets the store once: the driver uses it directly, and the
     settings derived from it (endpoint, addressing, credentials, streamer tuning)
-    reach every stage actor and engine through the processor's ``runtime_env``,
-    merged with yours (a conflicting value is an error, never an override).
+    reach every stage actor and engine through each stage's ``runtime_env`` (secrets
+    through the stage UDFs' arguments), merged with yours (a conflicting value is an
+    error, never an override).
     """
 
     # A validation error must not echo a secret of object_store back.

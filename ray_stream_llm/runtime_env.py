@@ -1,7 +1,7 @@
 """Deliver derived object-store settings to every process, merged with the user's own.
 
-Values, not hidden mutations: the non-secret settings become ``env_vars`` of the
-processor's ``runtime_env`` (and of any stage that has its own), and
+Values, not hidden mutations: the non-secret settings become ``env_vars`` of each
+stage's ``runtime_env``, and
 ``model_loader_extra_config`` of the engine. Secrets (secret keys, session
 tokens, Azure keys) do not go into the runtime_env, because Ray's runtime-env
 agent writes runtime_envs to its log: they travel in the stage UDFs'
@@ -13,6 +13,7 @@ naming both sources; secrets are never shown.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -66,24 +67,49 @@ def merge_engine_kwargs(engine_kwargs: Mapping[str, Any], settings: StoreSetting
     return merged
 
 
-def _with_stage_env(value: Any, settings: StoreSettings, name: str) -> Any:
-    if isinstance(value, dict) and value.get("runtime_env") is not None:
-        return {**value, "runtime_env": merge_runtime_env(value["runtime_env"], settings, name)}
-    if getattr(value, "runtime_env", None) is not None:
-        merged = merge_runtime_env(value.runtime_env, settings, f"{name}.runtime_env")
-        return value.model_copy(update={"runtime_env": merged})
-    return value
+def _stage_runtime_env(value: Any) -> Any:
+    if isinstance(value, dict):
+        return value.get("runtime_env")
+    return getattr(value, "runtime_env", None)
+
+
+def job_runtime_env() -> dict[str, Any] | None:
+    """The runtime_env of the Ray job this driver runs in (``ray job submit``), if any."""
+    raw = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    if not raw:
+        return None
+    try:
+        return json.loads(raw).get("runtime_env") or None
+    except (ValueError, AttributeError):
+        return None
 
 
 def store_updates(config: Any, settings: StoreSettings, updates: Mapping[str, Any]) -> dict[str, Any]:
-    """Config updates that carry ``settings`` to the driver-built stages and every actor."""
+    """Check the user's runtime_envs against ``settings`` (processor, stages, the Ray job's),
+    before anything starts; return the config updates (the engine's loader settings).
+
+    The env vars themselves are delivered after Ray's builder ran, into each stage's own
+    ``runtime_env`` (:func:`deliver_env`): not into the processor's, which Ray's builder
+    also hands to ``ray.init``, and Ray refuses to merge that with a job's runtime_env
+    that sets the same variable.
+    """
     if not settings.env and not settings.model_loader_extra_config:
         return {}
-    out: dict[str, Any] = {"runtime_env": merge_runtime_env(config.runtime_env, settings, "runtime_env")}
+    merge_runtime_env(config.runtime_env, settings, "runtime_env")
     for name in _STAGES:
-        out[name] = _with_stage_env(updates.get(name, getattr(config, name)), settings, name)
+        stage_env = _stage_runtime_env(updates.get(name, getattr(config, name)))
+        merge_runtime_env(stage_env, settings, f"{name}.runtime_env")
+    merge_runtime_env(job_runtime_env(), settings, "the Ray job's runtime_env")
     if config.streams_from_object_store:
-        out["engine_kwargs"] = merge_engine_kwargs(config.engine_kwargs, settings)
+        return {"engine_kwargs": merge_engine_kwargs(config.engine_kwargs, settings)}
+    return {}
+
+
+def deliver_env(map_batches_kwargs: Mapping[str, Any], settings: StoreSettings, stage: str) -> dict[str, Any]:
+    """A stage's ``map_batches`` kwargs with the non-secret settings in its runtime_env."""
+    out = dict(map_batches_kwargs)
+    if settings.env:
+        out["runtime_env"] = merge_runtime_env(out.get("runtime_env"), settings, f"{stage} runtime_env")
     return out
 
 

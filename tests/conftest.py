@@ -98,8 +98,14 @@ def nothing_left_behind() -> Iterator[None]:
     the tests' temporary directories (which pytest keeps under /tmp/pytest-of-<user>/)."""
     yield
     leftovers = {p for p in _new_entries(Path("/dev/shm"), SESSION_START, 1) if "psm_" in p}
+    # multiprocessing's own temp dir of this (pytest) process: removed when it exits
+    import multiprocessing.process
+
+    own_mp_dir = multiprocessing.process.current_process()._config.get("tempdir")
     for root in (Path("/tmp"), Path.home()):
         for path in _new_entries(root, SESSION_START, 3):
+            if own_mp_dir and path.startswith(own_mp_dir):
+                continue
             if path.endswith((".lock", ".sock")) or Path(path).is_socket():
                 leftovers.add(path)
     assert not leftovers, f"left behind by the test session: {sorted(leftovers)}"

@@ -154,42 +154,43 @@ def test_conflicting_runtime_env_refused_before_ray_starts():
     assert SECRET not in str(err.value) and "another-secret" not in str(err.value)
 
 
-def test_settings_merged_into_runtime_env_stages_and_engine():
+def test_settings_merged_into_stage_runtime_envs_and_engine():
     from ray_stream_llm._ray import resource_defaults
-    from ray_stream_llm.runtime_env import store_updates
+    from ray_stream_llm.runtime_env import deliver_env, store_updates
 
     config = _config(
-        object_store=ObjectStoreConfig(endpoint_url="http://127.0.0.1:9000",
-                                       streamer_concurrency=2),
+        object_store=ObjectStoreConfig(endpoint_url="http://127.0.0.1:9000", streamer_concurrency=2,
+                                       aws_access_key_id="AKID", aws_secret_access_key=SECRET),
         runtime_env={"env_vars": {"MY_VAR": "1", "AWS_ENDPOINT_URL": "http://127.0.0.1:9000"}},
-        tokenize_stage={"runtime_env": {"env_vars": {"TOK": "1"}}},
         engine_kwargs={"load_format": "runai_streamer",
                        "model_loader_extra_config": {"memory_limit": 0}},
     )
     settings = derive_settings(config.object_store)
     updates = store_updates(config, settings, resource_defaults(config))
-    env = updates["runtime_env"]["env_vars"]
-    assert env["MY_VAR"] == "1" and env["RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING"] == "0"
-    assert env["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000"
-    tok_env = updates["tokenize_stage"]["runtime_env"]["env_vars"]
-    assert tok_env["TOK"] == "1" and tok_env["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000"
-    assert updates["tokenize_stage"]["num_cpus"] == 0.25
     assert updates["engine_kwargs"]["model_loader_extra_config"] == {"memory_limit": 0,
                                                                       "concurrency": 2}
-    assert config.runtime_env == {"env_vars": {"MY_VAR": "1",
-                                               "AWS_ENDPOINT_URL": "http://127.0.0.1:9000"}}
+    assert "runtime_env" not in updates  # the processor's goes to ray.init: left as the user set it
+    kwargs = deliver_env({"runtime_env": {"env_vars": {"TOK": "1"}}, "num_cpus": 0.25}, settings,
+                         "TokenizeStage")
+    env = kwargs["runtime_env"]["env_vars"]
+    assert env["TOK"] == "1" and env["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000"
+    assert env["RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING"] == "0" and env["AWS_ACCESS_KEY_ID"] == "AKID"
+    assert "AWS_SECRET_ACCESS_KEY" not in env and SECRET not in repr(kwargs)
+    assert kwargs["num_cpus"] == 0.25
 
 
-def test_secrets_stay_out_of_runtime_env():
-    """Ray's runtime-env agent logs runtime_envs: secrets travel in the UDFs' arguments."""
-    from ray_stream_llm._ray import resource_defaults
-    from ray_stream_llm.runtime_env import store_updates
+def test_conflict_with_the_ray_jobs_runtime_env(monkeypatch):
+    import json
 
-    config = _config(object_store=ObjectStoreConfig(
-        endpoint_url="http://127.0.0.1:9000", aws_access_key_id="AKID",
-        aws_secret_access_key=SECRET, aws_session_token=SECRET + "-token"))
-    settings = derive_settings(config.object_store)
-    env = store_updates(config, settings, resource_defaults(config))["runtime_env"]["env_vars"]
-    assert env["AWS_ACCESS_KEY_ID"] == "AKID"
-    assert "AWS_SECRET_ACCESS_KEY" not in env and "AWS_SESSION_TOKEN" not in env
-    assert SECRET not in repr(env)
+    import ray
+
+    from ray_stream_llm import build_llm_processor
+    from ray_stream_llm.runtime_env import SettingsConflictError
+
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(
+        {"runtime_env": {"env_vars": {"AWS_REGION": "eu-west-1"}}}))
+    config = _config(object_store=ObjectStoreConfig(region_name="us-east-1"))
+    with pytest.raises(SettingsConflictError) as err:
+        build_llm_processor(config)
+    assert "the Ray job's runtime_env" in str(err.value) and "eu-west-1" in str(err.value)
+    assert not ray.is_initialized()

@@ -115,3 +115,55 @@ def test_gcs_through_s3_interoperability(s3_server, tiny_models, no_aws_env):
     path = fetch_model_metadata(model.uri, object_store=store)
     got = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()}
     assert got - {".ray_stream_llm.json"} == set(model.metadata)
+
+
+BUILD_IN_JOB = """
+import json, sys
+import ray
+from ray_stream_llm import ObjectStoreConfig, StreamingvLLMEngineProcessorConfig, build_llm_processor
+uri, store = sys.argv[1], json.loads(sys.argv[2])
+config = StreamingvLLMEngineProcessorConfig(
+    model_source=uri, engine_kwargs={"load_format": "runai_streamer"},
+    object_store=ObjectStoreConfig(**store))
+processor = build_llm_processor(config)
+print(json.dumps({name: {"env": stage.map_batches_kwargs["runtime_env"]["env_vars"],
+                         "kwargs": repr(stage.map_batches_kwargs),
+                         "secret_env": repr(stage.fn_constructor_kwargs.get("secret_env"))}
+                  for name, stage in processor.stages.items()}))
+ray.shutdown()
+"""
+
+
+def test_builds_inside_a_ray_job_whose_runtime_env_sets_the_same_variable(s3_server, tiny_models):
+    """Regression: the derived variables went into the processor's runtime_env, which Ray's
+    builder hands to ray.init, and Ray refuses to merge that with a job's runtime_env that
+    sets the same variable (even to the same value). They now go into each stage's own.
+    The driver runs as a job's driver does (RAY_JOB_CONFIG_JSON_ENV_VAR), in a subprocess
+    whose temporary files stay in one short directory."""
+    import shutil
+    import tempfile
+
+    work = tempfile.mkdtemp(prefix="rsl-job-", dir="/tmp")  # short: Ray socket paths
+    store = {"endpoint_url": s3_server.endpoint_url, "region_name": s3_server.region,
+             "aws_access_key_id": s3_server.access_key_id,
+             "aws_secret_access_key": s3_server.secret_access_key}
+    env = {"PATH": os.environ["PATH"], "HOME": work, "TMPDIR": work, "RAY_TMPDIR": work,
+           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
+           "RAY_STREAM_LLM_CACHE": f"{work}/cache",
+           "RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps(
+               {"runtime_env": {"env_vars": {"AWS_REGION": s3_server.region}}})}
+    try:
+        proc = subprocess.run([sys.executable, "-c", BUILD_IN_JOB, tiny_models["single"].uri,
+                               json.dumps(store)], env=env, capture_output=True, text=True,
+                              timeout=180)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        stages = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert len(stages) >= 3
+        for name, stage in stages.items():
+            assert stage["env"]["AWS_ENDPOINT_URL"] == s3_server.endpoint_url, name
+            assert "AWS_SECRET_ACCESS_KEY" not in stage["env"]
+            assert s3_server.secret_access_key not in stage["kwargs"] + stage["secret_env"]
+            assert "AWS_SECRET_ACCESS_KEY" in stage["secret_env"]
+        assert s3_server.secret_access_key not in proc.stdout + proc.stderr
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
