@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import ipaddress
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -27,7 +26,7 @@ from ray_stream_llm.errors import (
     StoreUnreachableError,
     UnsupportedStoreError,
 )
-from ray_stream_llm.store import ObjectStoreConfig, derive_settings
+from ray_stream_llm.store import ObjectStoreConfig, derive_settings, is_local_or_ip
 from ray_stream_llm.uri import STREAMABLE_SCHEMES, ModelURI
 
 _NOT_FOUND = {"NoSuchBucket", "NoSuchKey", "404", "NotFound"}
@@ -51,18 +50,11 @@ class ObjectInfo:
 
 
 def _path_style(endpoint: str | None) -> bool:
+    """Path style as the streamer would address the store: set to path, or IP/localhost."""
     if os.environ.get("RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING") == "0":
         return True
     host = urlsplit(endpoint).hostname if endpoint else None
-    if not host:
-        return False
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
+    return bool(host) and is_local_or_ip(host)
 
 
 def make_client(store: ObjectStoreConfig | None = None) -> Any:

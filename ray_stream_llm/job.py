@@ -41,7 +41,7 @@ class JobResult:
     total_seconds: float
     metadata_files: int
     metadata_bytes: int
-    weight_bytes_listed: int
+    streamable_bytes: int  # the safetensors the engines stream
 
 
 def run_job(
@@ -122,5 +122,5 @@ def run_job(
         total_seconds=time.perf_counter() - start,
         metadata_files=report.files if report else 0,
         metadata_bytes=report.bytes if report else 0,
-        weight_bytes_listed=report.skipped_weight_bytes if report else 0,
+        streamable_bytes=report.streamable_bytes if report else 0,
     )

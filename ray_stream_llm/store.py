@@ -153,10 +153,10 @@ class ObjectStoreConfig(BaseModel):
         if self.addressing_style != "auto":
             return self.addressing_style
         host = urlsplit(self.endpoint_url).hostname if self.endpoint_url else None
-        return "path" if host and _is_local_or_ip(host) else None
+        return "path" if host and is_local_or_ip(host) else None
 
 
-def _is_local_or_ip(host: str) -> bool:
+def is_local_or_ip(host: str) -> bool:
     if host == "localhost" or host.endswith(".localhost"):
         return True
     try:
