@@ -12,7 +12,6 @@ from typing import Any
 
 import click
 
-EXAMPLE_URI = "s3://models/SmolLM2-135M-Instruct/"
 
 
 def _one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -135,6 +134,8 @@ def fetch_metadata(uri: str, dest: str | None, endpoint_url: str | None, region:
 def _read_input(path: str) -> Any:
     import ray
 
+    from ray_stream_llm._ray import MAP_NUM_CPUS  # the processor's pre/postprocess default
+
     suffix = Path(path).suffix.lower()
     readers = {".jsonl": ray.data.read_json, ".json": ray.data.read_json,
                ".csv": ray.data.read_csv, ".parquet": ray.data.read_parquet}
@@ -142,7 +143,9 @@ def _read_input(path: str) -> Any:
         raise click.BadParameter(f"{path!r}: use a .jsonl, .csv or .parquet file", param_hint="INPUT")
     if not Path(path).exists():
         raise click.BadParameter(f"{path!r} does not exist", param_hint="INPUT")
-    return readers[suffix](path)
+    # A read task reserves a whole CPU by default; with the engine and the CPU stages
+    # holding theirs, a small machine would never schedule it (the job would wait forever).
+    return readers[suffix](path, ray_remote_args={"num_cpus": MAP_NUM_CPUS})
 
 
 @main.command()
