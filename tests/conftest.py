@@ -109,3 +109,15 @@ def nothing_left_behind() -> Iterator[None]:
             if path.endswith((".lock", ".sock")) or Path(path).is_socket():
                 leftovers.add(path)
     assert not leftovers, f"left behind by the test session: {sorted(leftovers)}"
+
+
+@pytest.fixture
+def no_aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The test process's own environment holds no AWS or streamer variable (settings can
+    then only come from an ObjectStoreConfig), and a private metadata cache."""
+    for name in list(os.environ):
+        if name.startswith(("AWS_", "RUNAI_STREAMER_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("RAY_STREAM_LLM_CACHE", str(tmp_path / "cache"))

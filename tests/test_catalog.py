@@ -183,18 +183,9 @@ def plain_http():
     server.server_close()
 
 
-@pytest.fixture
-def clean_env(monkeypatch, tmp_path):
-    for name in list(os.environ):
-        if name.startswith(("AWS_", "RUNAI_STREAMER_")):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("RAY_STREAM_LLM_CACHE", str(tmp_path / "cache"))
-
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input_fails_fast_on_the_driver(case, s3_server, tiny_models, plain_http, clean_env):
+def test_bad_input_fails_fast_on_the_driver(case, s3_server, tiny_models, plain_http, no_aws_env):
     import ray
 
     model = case.prepare(s3_server, tiny_models, case.id) if case.prepare else case.model
@@ -217,7 +208,7 @@ def test_bad_input_fails_fast_on_the_driver(case, s3_server, tiny_models, plain_
     MESSAGES[case.id] = (type(err.value).__name__, re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", message))
 
 
-def test_hostile_object_keys(s3_server, clean_env):
+def test_hostile_object_keys(s3_server, no_aws_env):
     """Keys that would resolve outside the model directory: SeaweedFS refuses to store them
     (so the fetch never sees one here); the guard that stops them on stores that keep such
     keys is checked on the real server's refusal and on the guard itself."""

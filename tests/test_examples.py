@@ -21,7 +21,6 @@ import os
 import re
 import runpy
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,9 +34,9 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
+from test_e2e import _weight_files
 
-from models import is_weight
-from ray_stream_llm._localstore import LocalS3Server
+from ray_stream_llm._localstore import LocalS3Server, _free_ports
 from ray_stream_llm._shm import orphaned_segments, remove_orphaned_segments
 from ray_stream_llm.job import LOCAL_ENV
 
@@ -58,17 +57,6 @@ def work() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _free_ports(count: int) -> list[int]:
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for s in socks:  # all bound at once, so the ports differ
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _isolated_env(work: Path) -> dict[str, str]:
     """A process environment with no AWS variable and every user-level path inside ``work``."""
     dirs = {name: work / name for name in ("home", "tmp", "rpc", "inductor")}
@@ -83,22 +71,6 @@ def _isolated_env(work: Path) -> dict[str, str]:
         "VLLM_RPC_BASE_PATH": str(dirs["rpc"]),
         "TORCHINDUCTOR_CACHE_DIR": str(dirs["inductor"]),
     }
-
-
-def _weight_files(roots: list[Path], since: float) -> dict[str, int]:
-    """Weight files (any format) under ``roots`` modified since ``since``: path -> bytes."""
-    found = {}
-    for root in roots:
-        for dirpath, _, filenames in os.walk(root):
-            for name in filenames:
-                path = Path(dirpath) / name
-                try:
-                    stat = path.stat()
-                except OSError:
-                    continue
-                if stat.st_mtime >= since and is_weight(name):
-                    found[str(path)] = stat.st_size
-    return found
 
 
 def _processes(markers: list[str]) -> list[psutil.Process]:

@@ -15,16 +15,6 @@ from ray_stream_llm import AccessDeniedError, MissingBackendError, fetch_model_m
 from ray_stream_llm.store import ObjectStoreConfig, derive_settings
 
 
-@pytest.fixture
-def no_aws_env(monkeypatch, tmp_path):
-    """The test process's own environment holds no AWS or streamer variable."""
-    for name in list(os.environ):
-        if name.startswith(("AWS_", "RUNAI_STREAMER_")):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("RAY_STREAM_LLM_CACHE", str(tmp_path / "cache"))
-
 
 def _store(server, host="127.0.0.1", **overrides):
     fields = dict(endpoint_url=server.endpoint_url.replace("127.0.0.1", host),
