@@ -196,6 +196,20 @@ def list_objects(client: Any, uri: ModelURI) -> Iterator[ObjectInfo]:
         raise translate(exc, uri, client, "listing") from None
 
 
+def list_model(uri: ModelURI, store: ObjectStoreConfig | None) -> tuple[Any, list[ObjectInfo]]:
+    """A client for ``uri`` and every object of the model directory; a typed error when the
+    backend is missing or the prefix holds nothing."""
+    check_backend(uri, store)
+    client = make_client(store)
+    listing = list(list_objects(client, uri))
+    if not listing:
+        raise ModelNotFoundError(
+            f"no objects under {str(uri)!r} at endpoint {endpoint_of(client)!r}; "
+            "check the prefix (it is case-sensitive)"
+        )
+    return client, listing
+
+
 def download(client: Any, uri: ModelURI, obj: ObjectInfo, dest: str) -> int:
     """Write one object to ``dest``; return the bytes written."""
     from botocore import exceptions as bexc

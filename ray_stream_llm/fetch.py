@@ -139,15 +139,8 @@ def _fetch(
     from filelock import FileLock
 
     start = time.perf_counter()
-    _s3.check_backend(uri, store)
-    client = _s3.make_client(store)
     target = Path(dest).expanduser().absolute() if dest else default_metadata_dir(uri)
-    listing = list(_s3.list_objects(client, uri))
-    if not listing:
-        raise ModelNotFoundError(
-            f"no objects under {str(uri)!r} at endpoint {_s3.endpoint_of(client)!r}; "
-            "check the prefix (it is case-sensitive)"
-        )
+    client, listing = _s3.list_model(uri, store)
     roles = {o.path: classify(o.path) for o in listing}
     # An object named like our marker would be overwritten by it: never fetched.
     metadata = [o for o in listing if roles[o.path] is FileRole.METADATA and o.path != MARKER]

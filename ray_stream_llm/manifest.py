@@ -96,14 +96,7 @@ def inspect_model(
     set of files per rank.
     """
     model = parse_model_uri(uri)
-    _s3.check_backend(model, object_store)
-    client = _s3.make_client(object_store)
-    listing = list(_s3.list_objects(client, model))
-    if not listing:
-        raise ModelNotFoundError(
-            f"no objects under {str(model)!r} at endpoint {_s3.endpoint_of(client)!r}; "
-            "check the prefix (it is case-sensitive)"
-        )
+    client, listing = _s3.list_model(model, object_store)
     for obj in listing:
         if obj.path.startswith("/") or ".." in obj.path.split("/"):
             raise UnsafeObjectKeyError(
