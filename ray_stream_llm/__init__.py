@@ -5,6 +5,7 @@
 Importing this package imports neither torch, vLLM nor the Run:ai streamer.
 """
 
+from ray_stream_llm._report import LoadReport, load_reports
 from ray_stream_llm.errors import (
     AccessDeniedError,
     InvalidModelURIError,
@@ -32,6 +33,7 @@ __all__ = [
     "AccessDeniedError",
     "InvalidModelURIError",
     "InvalidSettingError",
+    "LoadReport",
     "MissingBackendError",
     "ModelFile",
     "ModelManifest",
@@ -50,4 +52,5 @@ __all__ = [
     "build_llm_processor",
     "fetch_model_metadata",
     "inspect_model",
+    "load_reports",
 ]

@@ -25,6 +25,7 @@ from ray.llm._internal.batch.stages.prepare_multimodal_stage import PrepareMulti
 from ray.llm._internal.batch.stages.tokenize_stage import DetokenizeUDF, TokenizeUDF
 from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMEngineStageUDF
 
+from ray_stream_llm._report import StreamWatcher, build_report, progress_enabled, publish
 from ray_stream_llm._shm import remove_orphaned_segments
 from ray_stream_llm.errors import WeightLoadError
 from ray_stream_llm.fetch import _fetch
@@ -131,26 +132,27 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         begin = time.perf_counter()
         uri_text = model
         fetched = None
+        _prepare(secret_env, False, None)  # logging and secrets; the fetch is next
         if stream:
             uri = parse_model_uri(model)
-            _prepare(secret_env, False, None)  # logging and secrets; the fetch is next
             fetched = _fetch(uri, None, require=("config.json",))
-            local = str(fetched.path)
             engine_kwargs = dict(engine_kwargs)
             engine_kwargs["model_weights"] = str(uri)  # vLLM then skips its own pull
             engine_kwargs.setdefault("served_model_name", model)
             if "tokenizer" in engine_kwargs:
                 engine_kwargs["tokenizer"] = _local_metadata(engine_kwargs["tokenizer"])
-            model = local
-        else:
-            _prepare(secret_env, stream, model)
+            model = str(fetched.path)
         attempts = 1 + max(0, load_retries)
         for attempt in range(1, attempts + 1):
             try:
-                super().__init__(data_column, expected_input_keys, model=model,
-                                 engine_kwargs=engine_kwargs, **kwargs)
-                if fetched is not None:
-                    _log_engine_ready(uri_text, fetched, time.perf_counter() - begin, attempt)
+                with StreamWatcher(uri_text, progress=progress_enabled()) as watcher:
+                    super().__init__(data_column, expected_input_keys, model=model,
+                                     engine_kwargs=engine_kwargs, **kwargs)
+                publish(build_report(
+                    model=uri_text, streamed=stream, attempt=attempt,
+                    ready_seconds=time.perf_counter() - begin, fetched=fetched,
+                    sessions=watcher.sessions, sizes=fetched.streamable if fetched else {},
+                ))
                 return
             except (ValueError, TypeError):
                 raise  # a setting vLLM refused: the same on every attempt
@@ -186,20 +188,6 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         super().__del__()  # shuts the engine down
         if hasattr(self, "_started"):
             remove_orphaned_segments(self._started)
-
-
-def _log_engine_ready(uri: str, fetched: Any, seconds: float, attempt: int) -> None:
-    """One INFO line per engine with the figures of its start."""
-    logger.info(
-        "Engine ready for %s in %.1fs (attempt %d): %d metadata files (%d bytes) on local disk, "
-        "fetched in %.2fs (%s); %d bytes of safetensors streamed from the store; streamer "
-        "concurrency=%s memory_limit=%s chunk_bytesize=%s",
-        uri, seconds, attempt, fetched.files, fetched.bytes, fetched.seconds,
-        "downloaded" if fetched.downloaded else "already on this node", fetched.streamable_bytes,
-        os.environ.get("RUNAI_STREAMER_CONCURRENCY", "default"),
-        os.environ.get("RUNAI_STREAMER_MEMORY_LIMIT", "default"),
-        os.environ.get("RUNAI_STREAMER_CHUNK_BYTESIZE", "default"),
-    )
 
 
 def _store_check(uri: str) -> str:
@@ -275,8 +263,8 @@ def build_streaming_processor(config: Any, **kwargs: Any) -> Processor:
         # Ray's own path; its downloader runs here in the driver and reads os.environ.
         with scoped_env(settings.env):
             processor = build_vllm_engine_processor(config.model_copy(update=updates), **kwargs)
-        if secret_env is not None:  # the only change to Ray's UDFs: deliver the secrets
-            _swap_udfs(processor, secret_env=secret_env, stream=False)
+        # The only changes to Ray's UDFs: the secrets delivered, the engine's load reported.
+        _swap_udfs(processor, secret_env=secret_env, stream=False)
         _deliver_env(processor, settings)
         processor.config = config
         return processor

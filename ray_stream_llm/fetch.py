@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ray_stream_llm import _s3
+from ray_stream_llm import _backends
 from ray_stream_llm.errors import ModelNotFoundError, UnsafeObjectKeyError
 from ray_stream_llm.patterns import REQUIRED_METADATA, FileRole, classify
 from ray_stream_llm.store import ObjectStoreConfig
@@ -50,6 +50,7 @@ class FetchReport:
     skipped_weight_files: int
     skipped_weight_bytes: int
     streamable_bytes: int  # the *.safetensors among the skipped weights: what engines stream
+    streamable: dict[str, int] = dataclasses.field(default_factory=dict)  # their URIs -> sizes
 
 
 def cache_root() -> Path:
@@ -90,7 +91,7 @@ def _safe_relative(path: str, uri: ModelURI) -> str:
     return path
 
 
-def _fingerprint(objects: list[_s3.ObjectInfo]) -> dict[str, list[Any]]:
+def _fingerprint(objects: list[_backends.ObjectInfo]) -> dict[str, list[Any]]:
     return {o.path: [o.size, o.etag] for o in objects}
 
 
@@ -140,7 +141,7 @@ def _fetch(
 
     start = time.perf_counter()
     target = Path(dest).expanduser().absolute() if dest else default_metadata_dir(uri)
-    client, listing = _s3.list_model(uri, store)
+    client, listing = _backends.list_model(uri, store)
     roles = {o.path: classify(o.path) for o in listing}
     # An object named like our marker would be overwritten by it: never fetched.
     metadata = [o for o in listing if roles[o.path] is FileRole.METADATA and o.path != MARKER]
@@ -154,6 +155,8 @@ def _fetch(
             "directory itself (the folder that holds config.json)"
         )
     fingerprint = _fingerprint(metadata)
+    streamable = {f"{uri}{o.path}": o.size for o in weights
+                  if roles[o.path] is FileRole.STREAMABLE_WEIGHTS}
 
     def report(downloaded: bool) -> FetchReport:
         return FetchReport(
@@ -165,8 +168,8 @@ def _fetch(
             downloaded=downloaded,
             skipped_weight_files=len(weights),
             skipped_weight_bytes=sum(o.size for o in weights),
-            streamable_bytes=sum(o.size for o in weights
-                                 if roles[o.path] is FileRole.STREAMABLE_WEIGHTS),
+            streamable_bytes=sum(streamable.values()),
+            streamable=streamable,
         )
 
     if (_read_marker(target) or {}).get("files") == fingerprint:
@@ -199,13 +202,25 @@ def _fetch(
     return result
 
 
-def _download_all(client: Any, uri: ModelURI, objects: list[_s3.ObjectInfo], into: Path) -> None:
+def _download_all(client: Any, uri: ModelURI, objects: list[_backends.ObjectInfo], into: Path) -> None:
+    from ray_stream_llm._report import ByteProgress, progress_enabled
+
     for obj in objects:
         (into / obj.path).parent.mkdir(parents=True, exist_ok=True)
+    bar = ByteProgress(f"Fetching metadata of {uri}", sum(o.size for o in objects)) if (
+        progress_enabled()) else None
+    done = 0
     with concurrent.futures.ThreadPoolExecutor(min(_WORKERS, len(objects))) as pool:
-        futures = [pool.submit(_s3.download, client, uri, o, str(into / o.path)) for o in objects]
-        for future in futures:
-            future.result()
+        futures = {pool.submit(_backends.download, client, uri, o, str(into / o.path)): o for o in objects}
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                future.result()
+                done += futures[future].size
+                if bar is not None:
+                    bar.set(done)
+        finally:
+            if bar is not None:
+                bar.close()
 
 
 def _lock_path(target: Path) -> Path:

@@ -42,6 +42,7 @@ class JobResult:
     metadata_files: int
     metadata_bytes: int
     streamable_bytes: int  # the safetensors the engines stream
+    load_reports: list[Any] = dataclasses.field(default_factory=list)  # one LoadReport per engine
 
 
 def run_job(
@@ -56,15 +57,17 @@ def run_job(
     ray_temp_dir: str | None = None,
     object_store: Any = None,
     config_kwargs: dict[str, Any] | None = None,
+    metrics_export_port: int | None = None,
 ) -> JobResult:
     """Answer ``questions`` with the model at ``model_uri``; every row comes back.
 
     Starts a local Ray cluster unless one is already initialised (``RAY_ADDRESS``
-    or ``ray.init`` before the call).
+    or ``ray.init`` before the call); ``metrics_export_port`` is then where that
+    cluster serves its Prometheus metrics.
     """
     import ray
 
-    from ray_stream_llm import StreamingvLLMEngineProcessorConfig, build_llm_processor
+    from ray_stream_llm import StreamingvLLMEngineProcessorConfig, build_llm_processor, load_reports
     from ray_stream_llm.fetch import _fetch
     from ray_stream_llm.uri import parse_model_uri
 
@@ -77,6 +80,7 @@ def run_job(
             include_dashboard=False,
             _temp_dir=ray_temp_dir,
             log_to_driver=bool(int(os.environ.get("RAY_STREAM_LLM_ACTOR_LOGS", "0"))),
+            _metrics_export_port=metrics_export_port,
         )
     kwargs = {**CPU_ENGINE_KWARGS, **(engine_kwargs or {})}
     if load_format:
@@ -123,4 +127,5 @@ def run_job(
         metadata_files=report.files if report else 0,
         metadata_bytes=report.bytes if report else 0,
         streamable_bytes=report.streamable_bytes if report else 0,
+        load_reports=load_reports(),
     )

@@ -7,6 +7,21 @@ SPEC_JSON: {"model": uri, "load_format": str|null, "questions": [...], "max_toke
 
 import json
 import sys
+import threading
+import urllib.request
+
+
+def scrape(port: int, seen: dict, stop: threading.Event) -> None:
+    """Poll the cluster's Prometheus endpoint; keep the last value of each of our series."""
+    while not stop.wait(1.0):
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("ray_stream_llm_"):
+                series, value = line.rsplit(" ", 1)
+                seen[series] = float(value)
 
 
 def main() -> None:
@@ -15,6 +30,10 @@ def main() -> None:
     from ray_stream_llm.store import ObjectStoreConfig
 
     store = ObjectStoreConfig(**spec["object_store"]) if spec.get("object_store") else None
+    metrics: dict = {}
+    stop = threading.Event()
+    if spec.get("metrics_port"):
+        threading.Thread(target=scrape, args=(spec["metrics_port"], metrics, stop), daemon=True).start()
 
     result = run_job(
         spec["model"],
@@ -25,7 +44,11 @@ def main() -> None:
         num_cpus=2,
         object_store=store,
         config_kwargs=spec.get("config") or {},
+        metrics_export_port=spec.get("metrics_port"),
     )
+    if spec.get("metrics_port"):
+        threading.Event().wait(3.0)  # one more scrape after the last report
+    stop.set()
     import ray
 
     ray.shutdown()
@@ -38,6 +61,8 @@ def main() -> None:
                 "total_seconds": result.total_seconds,
                 "metadata_files": result.metadata_files,
                 "metadata_bytes": result.metadata_bytes,
+                "load_reports": [r.to_dict() for r in result.load_reports],
+                "metrics": metrics,
             },
             f,
         )

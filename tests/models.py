@@ -297,3 +297,14 @@ class _PerLayout(Mapping[str, frozenset[str]]):
 
 EXPECTED_METADATA: Mapping[str, frozenset[str]] = _PerLayout(metadata_files)
 WEIGHT_FILES: Mapping[str, frozenset[str]] = _PerLayout(weight_files)
+
+
+def tensor_bytes(path: Path) -> int:
+    """Bytes of the tensors in a safetensors file, read from its own header."""
+    import struct
+
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    return sum(v["data_offsets"][1] - v["data_offsets"][0]
+               for k, v in header.items() if k != "__metadata__")

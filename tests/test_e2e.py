@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from models import is_weight
-from ray_stream_llm._localstore import LocalS3Server
+from models import is_weight, tensor_bytes
+from ray_stream_llm._localstore import LocalS3Server, _free_ports
 from ray_stream_llm._shm import orphaned_segments, remove_orphaned_segments
 
 pytestmark = pytest.mark.e2e
@@ -60,7 +60,7 @@ def _weight_files(roots: list[Path], since: float) -> dict[str, int]:
 def run_isolated(server: LocalS3Server, work: Path, model: str, load_format: str | None,
                  questions: list[str], max_tokens: int = 24, object_store: dict | None = None,
                  config: dict | None = None, expect_failure: bool = False,
-                 ) -> tuple[dict, dict[str, int], float]:
+                 metrics_port: int | None = None) -> tuple[dict, dict[str, int], float]:
     """Run the job as a user's script. With ``object_store`` the store settings are given
     only in the config: the driver's environment holds no AWS variable at all."""
     home, tmp = work / "home", work / "tmp"
@@ -74,11 +74,12 @@ def run_isolated(server: LocalS3Server, work: Path, model: str, load_format: str
         "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor"),
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "RAY_STREAM_LLM_ACTOR_LOGS": "1",  # actor logs in the driver's output too
+        "RAY_metrics_report_interval_ms": "1000",  # workers push metrics every second
         **({} if object_store else server.env()),
     }
     spec = {"model": model, "load_format": load_format, "questions": questions,
             "max_tokens": max_tokens, "ray_temp_dir": str(work / "ray"),
-            "object_store": object_store, "config": config or {}}
+            "object_store": object_store, "config": config or {}, "metrics_port": metrics_port}
     (work / "spec.json").write_text(json.dumps(spec))
     start = time.time()
     proc = subprocess.run([sys.executable, str(DRIVER), str(work / "spec.json"), str(work / "out.json")],
@@ -104,9 +105,18 @@ def _reads_under(server: LocalS3Server, prefix: str, before: list) -> set[str]:
             if r.method == "GET" and r.status in (200, 206) and r.uri.startswith(prefix)}
 
 
+def _metric(metrics: dict[str, float], name: str, model: str) -> float:
+    """The value of one series of ours as Prometheus scraped it from the Ray cluster."""
+    [value] = [v for k, v in metrics.items()
+               if k.startswith(f"ray_stream_llm_{name}{{") and f'model="{model}"' in k]
+    return value
+
+
 def test_streamed_smollm2_answers_with_no_weights_on_disk(s3_server, smollm2, work):
     before = s3_server.served()
-    out, written, seconds = run_isolated(s3_server, work, smollm2.uri, "runai_streamer", QUESTIONS)
+    port, = _free_ports(1)
+    out, written, seconds = run_isolated(s3_server, work, smollm2.uri, "runai_streamer", QUESTIONS,
+                                         metrics_port=port)
     rows = out["rows"]
     # every row in, every row out, each with generated text
     assert sorted(r["question"] for r in rows) == sorted(QUESTIONS)
@@ -126,14 +136,35 @@ def test_streamed_smollm2_answers_with_no_weights_on_disk(s3_server, smollm2, wo
                  if r.method == "GET" and r.status == 200 and r.uri.startswith(smollm2.uri)
                  and not r.uri.endswith(".safetensors")]
     assert sorted(meta_gets) == sorted(f"{smollm2.uri}{m}" for m in smollm2.metadata)
-    # the engine's load line: its streamed bytes are the bytes of the object the store served
-    size = (smollm2.local / "model.safetensors").stat().st_size
+    # the load report: its bytes are the object the store served (its size in the store),
+    # and the tensors the streamer delivered are that object less its header
+    weights = smollm2.local / "model.safetensors"
+    size = weights.stat().st_size
+    [report] = out["load_reports"]
+    assert report["streamed"] and report["model"] == smollm2.uri and report["attempt"] == 1
+    assert (report["weight_files"], report["weight_bytes"]) == (1, size)
+    assert report["streamed_tensor_bytes"] == tensor_bytes(weights)
+    assert 0 < report["stream_seconds"] < report["ready_seconds"]
+    assert report["gib_per_s"] == pytest.approx(size / 2**30 / report["stream_seconds"])
+    assert report["metadata_files"] == len(smollm2.metadata)
+    assert report["metadata_bytes"] == sum((smollm2.local / m).stat().st_size for m in smollm2.metadata)
+    # the same figures through Ray's metrics, as Prometheus scrapes them
+    metrics = out["metrics"]
+    assert _metric(metrics, "weight_bytes_streamed_total", smollm2.uri) == size
+    assert _metric(metrics, "metadata_bytes_total", smollm2.uri) == report["metadata_bytes"]
+    assert _metric(metrics, "engines_ready_total", smollm2.uri) == 1
+    assert _metric(metrics, "engine_ready_seconds", smollm2.uri) == pytest.approx(report["ready_seconds"])
+    assert _metric(metrics, "weight_stream_seconds", smollm2.uri) == pytest.approx(report["stream_seconds"])
+    # the log line and the progress bars in the driver's console
     log = (work / "driver.log").read_text()
     assert f"Engine ready for {smollm2.uri}" in log
-    assert f"{size} bytes of safetensors streamed from the store" in log
+    assert f"{size} bytes streamed in {report['stream_seconds']:.2f}s" in log
+    assert f"Streaming weights of {smollm2.uri}: 100%" in log
+    assert f"Fetching metadata of {smollm2.uri}: 100%" in log
     print(f"\nstreamed: {len(rows)} rows, first row {out['first_row_seconds']:.1f}s, "
           f"total {seconds:.1f}s, weight bytes on disk 0, metadata {out['metadata_files']} files "
-          f"{out['metadata_bytes']} B")
+          f"{out['metadata_bytes']} B; engine ready {report['ready_seconds']:.1f}s, "
+          f"streamed {size} B in {report['stream_seconds']:.2f}s")
 
 
 def test_control_default_load_format_writes_weights(s3_server, smollm2, work):
@@ -143,8 +174,10 @@ def test_control_default_load_format_writes_weights(s3_server, smollm2, work):
     assert safetensors and all(p.startswith(str(work / "home")) for p in safetensors), written
     size = (smollm2.local / "model.safetensors").stat().st_size
     assert max(safetensors.values()) == size
+    [report] = out["load_reports"]  # the engine is ours, so it reports, with nothing streamed
+    assert not report["streamed"] and report["weight_bytes"] is None and report["ready_seconds"] > 0
     print(f"\ncontrol: weight bytes on disk {sum(written.values())}, total {seconds:.1f}s, "
-          f"shared-memory segments leaked by Ray's engine UDF: {out['shm_left']}")
+          f"shared-memory segments left: {out['shm_left']}")
 
 
 def test_streamed_hub_mirror_writes_no_bin_pth_gguf(s3_server, tiny_models, work):

@@ -1,0 +1,96 @@
+"""A vLLM general plugin that measures the Run:ai streamer where it runs.
+
+vLLM loads weights in its engine-core (or worker) process, not in the Ray
+actor that created the engine. vLLM runs every ``vllm.general_plugins`` entry
+point in each of its processes; this one does nothing unless the engine actor
+set ``RAY_STREAM_LLM_LOAD_REPORT_DIR`` (the engine's processes inherit the
+actor's environment). Then it wraps ``SafetensorsStreamer`` so that each
+streaming session writes one small JSON file there, ``<pid>-<n>.json``: the
+files streamed, the bytes the streamer planned and the bytes it delivered,
+and the seconds from the first request to the last tensor. The file is
+rewritten at most every half second while tensors arrive (the actor turns it
+into progress) and once at the end.
+
+The figures are the streamer's own: its ``total_size`` (tensor bytes of the
+files) and the tensors it yields, counted as they leave ``get_tensors``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import time
+from typing import Any
+
+REPORT_DIR_ENV = "RAY_STREAM_LLM_LOAD_REPORT_DIR"
+_FLUSH_S = 0.5
+_sessions = itertools.count()
+
+
+def _write(path: str, state: dict[str, Any]) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(state, f)
+    os.replace(tmp, path)
+
+
+def _measured(base: type) -> type:
+    class MeasuredSafetensorsStreamer(base):  # type: ignore[misc, valid-type]
+        """``SafetensorsStreamer`` that reports its sessions to the engine actor."""
+
+        def stream_files(self, paths: list[str], *args: Any, **kwargs: Any) -> None:
+            begin = time.time()
+            super().stream_files(paths, *args, **kwargs)
+            self._rsl = {
+                "path": os.path.join(os.environ[REPORT_DIR_ENV], f"{os.getpid()}-{next(_sessions)}.json"),
+                "pid": os.getpid(),
+                "files": [str(p) for p in paths],
+                "planned_bytes": int(self.total_size),
+                "delivered_bytes": 0,
+                "tensors": 0,
+                "started": begin,
+                "seconds": 0.0,
+                "done": False,
+            }
+            self._rsl_flush(force=True)
+
+        def _rsl_flush(self, force: bool = False) -> None:
+            state = self._rsl
+            now = time.time()
+            if not force and now - state.get("_flushed", 0.0) < _FLUSH_S:
+                return
+            state["_flushed"] = now
+            state["seconds"] = now - state["started"]
+            try:
+                _write(state["path"], {k: v for k, v in state.items() if not k.startswith("_") and k != "path"})
+            except OSError:  # the actor removed the directory: nobody is listening
+                pass
+
+        def get_tensors(self):  # type: ignore[no-untyped-def]
+            state = getattr(self, "_rsl", None)
+            for name, tensor in super().get_tensors():
+                if state is not None:
+                    state["delivered_bytes"] += tensor.numel() * tensor.element_size()
+                    state["tensors"] += 1
+                    self._rsl_flush()
+                yield name, tensor
+            if state is not None:
+                state["done"] = True
+                self._rsl_flush(force=True)
+
+    return MeasuredSafetensorsStreamer
+
+
+def register() -> None:
+    """Entry point of ``vllm.general_plugins``; vLLM may call it more than once per process."""
+    if not os.environ.get(REPORT_DIR_ENV):
+        return
+    try:
+        from vllm.model_executor.model_loader import weight_utils
+    except ImportError:
+        return
+    current = getattr(weight_utils, "SafetensorsStreamer", None)
+    if not isinstance(current, type) or getattr(current, "__name__", "") == "MeasuredSafetensorsStreamer":
+        return  # the streamer is not installed (vLLM's placeholder), or already wrapped
+    weight_utils.SafetensorsStreamer = _measured(current)
