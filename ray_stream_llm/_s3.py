@@ -10,24 +10,21 @@ endpoint host is an IP address or ``localhost``.
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.util
 import os
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
+from ray_stream_llm._backends import ObjectInfo, no_objects
 from ray_stream_llm.errors import (
     AccessDeniedError,
-    MissingBackendError,
     ModelNotFoundError,
     RayStreamLLMError,
     StoreTimeoutError,
     StoreUnreachableError,
-    UnsupportedStoreError,
 )
 from ray_stream_llm.store import ObjectStoreConfig, derive_settings, is_local_or_ip
-from ray_stream_llm.uri import STREAMABLE_SCHEMES, ModelURI
+from ray_stream_llm.uri import ModelURI
 
 _NOT_FOUND = {"NoSuchBucket", "NoSuchKey", "404", "NotFound"}
 _DENIED = {"AccessDenied", "403", "Forbidden", "AllAccessDisabled", "AccountProblem"}
@@ -39,16 +36,6 @@ _CREDENTIALS_FIX = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class ObjectInfo:
-    """One object of a listing, keyed relative to the model directory."""
-
-    path: str
-    key: str
-    size: int
-    etag: str
-
-
 def _path_style(endpoint: str | None) -> bool:
     """Path style as the streamer would address the store: set to path, or IP/localhost."""
     if os.environ.get("RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING") == "0":
@@ -57,7 +44,7 @@ def _path_style(endpoint: str | None) -> bool:
     return bool(host) and is_local_or_ip(host)
 
 
-def make_client(store: ObjectStoreConfig | None = None) -> Any:
+def make_client(store: ObjectStoreConfig | None = None, *, max_pool_connections: int = 10) -> Any:
     """A boto3 S3 client in a fresh session: from ``store`` where it sets something,
     from the standard environment for the rest."""
     import boto3
@@ -79,6 +66,7 @@ def make_client(store: ObjectStoreConfig | None = None) -> Any:
         connect_timeout=10,
         read_timeout=60,
         retries={"max_attempts": 3, "mode": "standard"},
+        max_pool_connections=max_pool_connections,
         **options,
     )
     session = boto3.session.Session(**settings.boto3_session)
@@ -87,35 +75,6 @@ def make_client(store: ObjectStoreConfig | None = None) -> Any:
         endpoint_url=endpoint or None,
         config=config,
         verify=settings.boto3_client.get("verify"),
-    )
-
-
-def check_backend(uri: ModelURI, store: ObjectStoreConfig | None) -> None:
-    """Fail at first use, with the fix, when ``uri`` cannot be served here.
-
-    The streamer needs its backend package for the scheme. This version lists and
-    fetches metadata through the S3 API only. GCS works through its S3
-    interoperability endpoint, addressed as ``s3://`` (the streamer 0.17's own
-    ``gs://`` listing always goes through its GCS backend, HMAC keys or not).
-    """
-    package, pip_line = STREAMABLE_SCHEMES[uri.scheme]
-    if importlib.util.find_spec(package) is None:
-        raise MissingBackendError(
-            f"streaming {uri.scheme}:// needs {package.replace('_', '-')}, which is not "
-            f"installed: {pip_line}"
-        )
-    if uri.scheme == "s3":
-        return
-    fix = (
-        f"address the bucket as 's3://{uri.bucket}/{uri.prefix}' with "
-        "ObjectStoreConfig(endpoint_url='https://storage.googleapis.com', "
-        "aws_access_key_id=<HMAC access id>, aws_secret_access_key=<HMAC secret>)"
-        if uri.scheme == "gs"
-        else "copy the model to an S3-compatible store, or load it with plain vLLM"
-    )
-    raise UnsupportedStoreError(
-        f"{str(uri)!r}: this version of ray-stream-llm fetches metadata through the S3 API "
-        f"only; {fix}"
     )
 
 
@@ -198,15 +157,11 @@ def list_objects(client: Any, uri: ModelURI) -> Iterator[ObjectInfo]:
 
 def list_model(uri: ModelURI, store: ObjectStoreConfig | None) -> tuple[Any, list[ObjectInfo]]:
     """A client for ``uri`` and every object of the model directory; a typed error when the
-    backend is missing or the prefix holds nothing."""
-    check_backend(uri, store)
+    prefix holds nothing."""
     client = make_client(store)
     listing = list(list_objects(client, uri))
     if not listing:
-        raise ModelNotFoundError(
-            f"no objects under {str(uri)!r} at endpoint {endpoint_of(client)!r}; "
-            "check the prefix (it is case-sensitive)"
-        )
+        raise no_objects(uri, endpoint_of(client))
     return client, listing
 
 
@@ -223,9 +178,18 @@ def download(client: Any, uri: ModelURI, obj: ObjectInfo, dest: str) -> int:
                 written += len(chunk)
     except (bexc.BotoCoreError, bexc.ClientError) as exc:
         raise translate(exc, uri, client, f"reading {obj.path!r} of") from None
-    if written != obj.size:
-        raise StoreUnreachableError(
-            f"{obj.path!r} of {str(uri)!r}: got {written} bytes, the listing said {obj.size}; "
-            "the object changed or the connection was cut, retry"
-        )
     return written
+
+
+def read(client: Any, uri: ModelURI, path: str, start: int | None = None,
+         end: int | None = None) -> bytes:
+    """The object ``path`` of the model directory, or its bytes ``start``..``end`` inclusive."""
+    from botocore import exceptions as bexc
+
+    kwargs = {"Bucket": uri.bucket, "Key": uri.key(path)}
+    if start is not None:
+        kwargs["Range"] = f"bytes={start}-{end}"
+    try:
+        return client.get_object(**kwargs)["Body"].read()
+    except (bexc.BotoCoreError, bexc.ClientError) as exc:
+        raise translate(exc, uri, client, f"reading {path!r} of") from None

@@ -16,7 +16,7 @@ import re
 import struct
 from typing import Any
 
-from ray_stream_llm import _s3
+from ray_stream_llm import _backends
 from ray_stream_llm.errors import ModelNotFoundError, NotStreamableError, UnsafeObjectKeyError
 from ray_stream_llm.patterns import SAFETENSORS_INDEX, FileRole, classify
 from ray_stream_llm.store import ObjectStoreConfig
@@ -96,7 +96,7 @@ def inspect_model(
     set of files per rank.
     """
     model = parse_model_uri(uri)
-    client, listing = _s3.list_model(model, object_store)
+    client, listing = _backends.list_model(model, object_store)
     for obj in listing:
         if obj.path.startswith("/") or ".." in obj.path.split("/"):
             raise UnsafeObjectKeyError(
@@ -134,21 +134,9 @@ def inspect_model(
     return ModelManifest(uri=str(model), files=files, problems=tuple(problems), tensors=tensors)
 
 
-def _read(client: Any, model: ModelURI, path: str, start: int | None = None, end: int | None = None) -> bytes:
-    from botocore import exceptions as bexc
-
-    kwargs = {"Bucket": model.bucket, "Key": model.key(path)}
-    if start is not None:
-        kwargs["Range"] = f"bytes={start}-{end}"
-    try:
-        return client.get_object(**kwargs)["Body"].read()
-    except (bexc.BotoCoreError, bexc.ClientError) as exc:
-        raise _s3.translate(exc, model, client, f"reading {path!r} of") from None
-
-
 def _check_index(client: Any, model: ModelURI, shards: set[str]) -> list[str]:
     try:
-        index = json.loads(_read(client, model, SAFETENSORS_INDEX))
+        index = json.loads(_backends.read(client, model, SAFETENSORS_INDEX))
         named = set(index["weight_map"].values())
     except (ValueError, KeyError, TypeError, AttributeError):
         return [f"{SAFETENSORS_INDEX} is not a valid index (no 'weight_map'); re-save the model"]
@@ -183,14 +171,14 @@ def _check_header(client: Any, model: ModelURI, shard: ModelFile) -> tuple[int, 
     name = shard.path
     if shard.size < 8:
         return 0, f"{name} is {shard.size} bytes, too short to be safetensors; upload it again"
-    (length,) = struct.unpack("<Q", _read(client, model, name, 0, 7))
+    (length,) = struct.unpack("<Q", _backends.read(client, model, name, 0, 7))
     if length == 0 or length > MAX_HEADER_BYTES or 8 + length > shard.size:
         return 0, (
             f"{name} has a header length of {length} bytes, impossible for a {shard.size}-byte "
             "object: it is truncated or not safetensors; upload it again"
         )
     try:
-        header = json.loads(_read(client, model, name, 8, 7 + length))
+        header = json.loads(_backends.read(client, model, name, 8, 7 + length))
         spans = [v["data_offsets"] for k, v in header.items() if k != "__metadata__"]
         data_end = max((int(end) for _, end in spans), default=0)
     except (ValueError, KeyError, TypeError, AttributeError):
