@@ -16,7 +16,15 @@ import ipaddress
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 MIN_OBJECT_STORE_CHUNK = 5 * 1024 * 1024  # the streamer's minimum chunk for object stores
 
@@ -58,6 +66,12 @@ class ObjectStoreConfig(BaseModel):
     gcs_credentials_file: str | None = Field(
         default=None, description="GCS service-account JSON file (for gs:// URIs)."
     )
+    gcs_emulator_endpoint: str | None = Field(
+        default=None,
+        description="GCS emulator for gs:// URIs, e.g. 'http://127.0.0.1:4443' (fake-gcs-server): "
+        "sets STORAGE_EMULATOR_HOST (listing) and CLOUD_STORAGE_EMULATOR_ENDPOINT (the streamer's "
+        "reader); requests to it carry no credentials.",
+    )
     azure_account_name: str | None = Field(
         default=None, description="Azure storage account name (for az:// URIs)."
     )
@@ -65,7 +79,9 @@ class ObjectStoreConfig(BaseModel):
         default=None, description="Azure storage account key (kept secret)."
     )
     azure_connection_string: SecretStr | None = Field(
-        default=None, description="Azure storage connection string (kept secret)."
+        default=None,
+        description="Azure storage connection string (kept secret); its AccountName, AccountKey "
+        "and blob endpoint also set the streamer's reader, which ignores connection strings.",
     )
     streamer_concurrency: int | None = Field(
         default=None,
@@ -83,25 +99,25 @@ class ObjectStoreConfig(BaseModel):
         f"at least {MIN_OBJECT_STORE_CHUNK} (5 MiB) for object stores.",
     )
 
-    @field_validator("endpoint_url")
+    @field_validator("endpoint_url", "gcs_emulator_endpoint")
     @classmethod
-    def _check_endpoint(cls, value: str | None) -> str | None:
+    def _check_endpoint(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is None:
             return None
+        name, scheme = info.field_name, "gs" if info.field_name.startswith("gcs") else "s3"
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(
-                f"endpoint_url must look like 'http://host:port' or 'https://host', got {value!r}"
+                f"{name} must look like 'http://host:port' or 'https://host', got {value!r}"
             )
         if parts.username or parts.password or parts.query:
             raise ValueError(
-                "endpoint_url must not carry credentials or a query; give the keys in "
-                "aws_access_key_id / aws_secret_access_key"
+                f"{name} must not carry credentials or a query; give them in their own fields"
             )
         if parts.path not in ("", "/"):
             raise ValueError(
-                f"endpoint_url must not have a path (got {parts.path!r}); put the bucket and "
-                "prefix in the model URI (s3://bucket/prefix/)"
+                f"{name} must not have a path (got {parts.path!r}); put the bucket and "
+                f"prefix in the model URI ({scheme}://bucket/prefix/)"
             )
         return value.rstrip("/")
 
@@ -144,8 +160,22 @@ class ObjectStoreConfig(BaseModel):
             )
         if self.anonymous and (explicit or self.profile_name):
             raise ValueError("anonymous=True sends unsigned requests: remove the credentials")
+        if self.gcs_credentials_file and (self.anonymous or self.gcs_emulator_endpoint):
+            raise ValueError(
+                "gcs_credentials_file cannot go with anonymous=True or gcs_emulator_endpoint "
+                "(requests to an emulator carry no credentials): remove one"
+            )
         if self.azure_connection_string is not None and self.azure_account_key is not None:
             raise ValueError("give either azure_connection_string or azure_account_key, not both")
+        if self.azure_connection_string is not None:
+            parts = azure_connection_parts(self.azure_connection_string.get_secret_value())
+            named = parts.get("AccountName")
+            if self.azure_account_name and named and named != self.azure_account_name:
+                raise ValueError(
+                    f"azure_account_name is {self.azure_account_name!r} but the connection "
+                    f"string names account {named!r}: give one"
+                )
+            azure_reader_env(self.azure_connection_string.get_secret_value())  # or the fix
         return self
 
     def resolved_addressing_style(self) -> str | None:
@@ -154,6 +184,49 @@ class ObjectStoreConfig(BaseModel):
             return self.addressing_style
         host = urlsplit(self.endpoint_url).hostname if self.endpoint_url else None
         return "path" if host and is_local_or_ip(host) else None
+
+
+AZURE_BLOB_SUFFIX = "blob.core.windows.net"  # the streamer's default endpoint suffix
+
+
+def azure_connection_parts(connection_string: str) -> dict[str, str]:
+    """``Key=Value;...`` of an Azure connection string (values may hold '=')."""
+    pairs = (item.split("=", 1) for item in connection_string.split(";") if "=" in item)
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+def azure_reader_env(connection_string: str) -> dict[str, str]:
+    """The variables the streamer's Azure reader needs, from a connection string.
+
+    The reader (libstreamerazure.so) ignores AZURE_STORAGE_CONNECTION_STRING: it reads
+    AZURE_STORAGE_ACCOUNT_NAME, AZURE_STORAGE_ACCOUNT_KEY and AZURE_STORAGE_ENDPOINT_SUFFIX
+    and always requests ``https://<account>.<suffix>``. A path-style blob endpoint
+    (``http://127.0.0.1:10000/devstoreaccount1``, Azurite's default) cannot be expressed so.
+    """
+    parts = azure_connection_parts(connection_string)
+    env: dict[str, str] = {}
+    if account := parts.get("AccountName"):
+        env["AZURE_STORAGE_ACCOUNT_NAME"] = account
+    if key := parts.get("AccountKey"):
+        env["AZURE_STORAGE_ACCOUNT_KEY"] = key
+    if sas := parts.get("SharedAccessSignature"):
+        env["AZURE_STORAGE_SAS_TOKEN"] = sas
+    if endpoint := parts.get("BlobEndpoint"):
+        url = urlsplit(endpoint)
+        netloc, prefix = url.netloc, f"{account}."
+        if url.scheme != "https" or not account or not netloc.startswith(prefix) or (
+                url.path not in ("", "/")):
+            raise ValueError(
+                f"the connection string's BlobEndpoint {endpoint!r} cannot reach the streamer's "
+                "Azure reader, which requests https://<AccountName>.<suffix>/<container>/<blob> "
+                "only; use an https endpoint with the account as the first host label (for "
+                "Azurite: start it with --cert/--key and use "
+                f"BlobEndpoint=https://{account or '<account>'}.localhost:<port>)"
+            )
+        env["AZURE_STORAGE_ENDPOINT_SUFFIX"] = netloc[len(prefix):]
+    elif suffix := parts.get("EndpointSuffix"):
+        env["AZURE_STORAGE_ENDPOINT_SUFFIX"] = f"blob.{suffix}"
+    return env
 
 
 def is_local_or_ip(host: str) -> bool:
@@ -218,9 +291,18 @@ def derive_settings(store: ObjectStoreConfig | None) -> StoreSettings:
         put("RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS", "1")
     put("RUNAI_STREAMER_GCS_CREDENTIAL_FILE", store.gcs_credentials_file)
     put("GOOGLE_APPLICATION_CREDENTIALS", store.gcs_credentials_file)
+    if store.gcs_emulator_endpoint:
+        put("STORAGE_EMULATOR_HOST", store.gcs_emulator_endpoint)  # google-cloud-storage
+        put("CLOUD_STORAGE_EMULATOR_ENDPOINT", store.gcs_emulator_endpoint)  # google-cloud-cpp
+        put("RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS", "1")  # the streamer's listing
     put("AZURE_STORAGE_ACCOUNT_NAME", store.azure_account_name)
     put("AZURE_STORAGE_ACCOUNT_KEY", store.azure_account_key, is_secret=True)
     put("AZURE_STORAGE_CONNECTION_STRING", store.azure_connection_string, is_secret=True)
+    if store.azure_connection_string is not None:
+        reader = azure_reader_env(store.azure_connection_string.get_secret_value())
+        for name, value in reader.items():
+            put(name, value, is_secret=name in ("AZURE_STORAGE_ACCOUNT_KEY",
+                                                "AZURE_STORAGE_SAS_TOKEN"))
     put("RUNAI_STREAMER_CONCURRENCY", store.streamer_concurrency)
     put("RUNAI_STREAMER_MEMORY_LIMIT", store.streamer_memory_limit)
     put("RUNAI_STREAMER_CHUNK_BYTESIZE", store.streamer_chunk_bytesize)

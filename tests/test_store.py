@@ -91,6 +91,16 @@ def test_anonymous_profile_gcs_azure():
     assert conn.secret_env == {"AZURE_STORAGE_CONNECTION_STRING"}
 
 
+def test_gcs_emulator_endpoint():
+    """Both GCS clients of the streamer find the emulator (google-cloud-storage reads
+    STORAGE_EMULATOR_HOST, google-cloud-cpp CLOUD_STORAGE_EMULATOR_ENDPOINT), and its listing
+    sends no credentials (else it asks for Application Default Credentials)."""
+    env = derive_settings(ObjectStoreConfig(gcs_emulator_endpoint="http://127.0.0.1:4443/")).env
+    assert env == {"STORAGE_EMULATOR_HOST": "http://127.0.0.1:4443",
+                   "CLOUD_STORAGE_EMULATOR_ENDPOINT": "http://127.0.0.1:4443",
+                   "RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS": "1"}
+
+
 @pytest.mark.parametrize(
     "kwargs, fragment",
     [
@@ -105,6 +115,11 @@ def test_anonymous_profile_gcs_azure():
         ({"profile_name": "p", "aws_access_key_id": "A", "aws_secret_access_key": SECRET}, "either"),
         ({"anonymous": True, "aws_access_key_id": "A", "aws_secret_access_key": SECRET}, "unsigned"),
         ({"azure_account_key": SECRET, "azure_connection_string": SECRET}, "either"),
+        ({"gcs_emulator_endpoint": "127.0.0.1:4443"}, "gcs_emulator_endpoint must look like"),
+        ({"gcs_emulator_endpoint": "http://h:1/b"}, "prefix in the model URI (gs://bucket"),
+        ({"gcs_emulator_endpoint": "http://h:1", "gcs_credentials_file": "/k.json"},
+         "carry no credentials"),
+        ({"anonymous": True, "gcs_credentials_file": "/k.json"}, "anonymous=True"),
         ({"endpoint": "http://x"}, "Extra inputs are not permitted"),
     ],
 )

@@ -90,7 +90,8 @@ def test_virtual_addressing_against_localhost_fails_as_documented(s3_server, tin
 
 @pytest.mark.parametrize("uri, package", [("gs://bkt/model/", "runai-model-streamer-gcs"),
                                           ("az://container/model/", "runai-model-streamer-azure")])
-def test_missing_backend_names_the_pip_line(uri, package, no_aws_env):
+def test_missing_backend_names_the_pip_line(uri, package, no_aws_env, monkeypatch):
+    monkeypatch.setitem(sys.modules, package.replace("-", "_"), None)  # as if not installed
     with pytest.raises(MissingBackendError) as err:
         fetch_model_metadata(uri)
     assert package in str(err.value) and "pip install" in str(err.value)

@@ -1,0 +1,181 @@
+"""Listing and metadata reads for ``gs://`` URIs (google-cloud-storage), errors translated.
+
+Credentials are resolved the way the streamer's own GCS listing resolves them, from
+the derived settings over the process environment:
+``RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS`` (unsigned requests), else
+``RUNAI_STREAMER_GCS_CREDENTIAL_FILE`` (a service-account JSON file), else
+Application Default Credentials. ``STORAGE_EMULATOR_HOST`` points the client at an
+emulator (``gcs_emulator_endpoint`` sets it, with ``CLOUD_STORAGE_EMULATOR_ENDPOINT``
+for the streamer's C++ reader).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+from ray_stream_llm._backends import ObjectInfo, no_objects
+from ray_stream_llm.errors import (
+    AccessDeniedError,
+    ModelNotFoundError,
+    RayStreamLLMError,
+    StoreTimeoutError,
+    StoreUnreachableError,
+)
+from ray_stream_llm.store import ObjectStoreConfig, derive_settings
+from ray_stream_llm.uri import ModelURI
+
+_DEFAULT_ENDPOINT = "https://storage.googleapis.com"
+_TIMEOUT = (10, 60)  # connect, read (seconds)
+_SCOPES = ["https://www.googleapis.com/auth/devstorage.read_only"]
+_CREDENTIALS_FIX = (
+    "set gcs_credentials_file in ObjectStoreConfig (or RUNAI_STREAMER_GCS_CREDENTIAL_FILE) to a "
+    "service-account JSON file whose account may list and read the bucket, or anonymous=True "
+    "for a public bucket"
+)
+
+
+def _retry() -> Any:
+    """google-cloud-storage's retry, bounded to a few seconds (its default keeps trying a
+    closed port for two minutes)."""
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    return DEFAULT_RETRY.with_delay(initial=0.25, maximum=2.0, multiplier=2.0).with_timeout(5.0)
+
+
+def _setting(env: dict[str, str], name: str) -> str | None:
+    return env.get(name) or os.environ.get(name) or None
+
+
+def make_client(store: ObjectStoreConfig | None = None) -> Any:
+    """A ``google.cloud.storage.Client``: from ``store`` where it sets something, from the
+    environment for the rest."""
+    import google.auth
+    from google.auth import exceptions as aexc
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    env = derive_settings(store).env
+    endpoint = _setting(env, "STORAGE_EMULATOR_HOST")
+    anonymous = (_setting(env, "RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS") or "").lower()
+    keyfile = _setting(env, "RUNAI_STREAMER_GCS_CREDENTIAL_FILE")
+    where = f"endpoint {endpoint or _DEFAULT_ENDPOINT!r}"
+    try:
+        if anonymous in ("1", "true"):
+            credentials, project = AnonymousCredentials(), None
+        elif keyfile:  # any type the streamer's own listing accepts (it calls the same)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                credentials, project = google.auth.load_credentials_from_file(keyfile,
+                                                                              scopes=_SCOPES)
+        else:
+            credentials, project = google.auth.default(scopes=_SCOPES)
+    except aexc.DefaultCredentialsError as exc:
+        source = f"the credentials file {keyfile!r}" if keyfile else (
+            "Application Default Credentials")
+        raise AccessDeniedError(
+            f"no usable Google credentials for {where} ({source}: {exc}); {_CREDENTIALS_FIX}"
+        ) from None
+    options = {"api_endpoint": endpoint} if endpoint else None
+    # "<none>": listing and reading objects need no project (as Client.create_anonymous_client)
+    return storage.Client(project=project or "<none>", credentials=credentials,
+                          client_options=options)
+
+
+def endpoint_of(client: Any) -> str:
+    return str(client.api_endpoint or _DEFAULT_ENDPOINT)
+
+
+def translate(exc: BaseException, uri: ModelURI, client: Any, what: str) -> RayStreamLLMError:
+    """Turn a google-cloud-storage / google-auth / requests exception into a typed error."""
+    import requests
+    from google.api_core import exceptions as gexc
+    from google.auth import exceptions as aexc
+    from google.cloud.storage.exceptions import DataCorruption
+
+    where = f"{what} {str(uri)!r} at endpoint {endpoint_of(client)!r}"
+    if isinstance(exc, gexc.RetryError) and exc.cause is not None:
+        return translate(exc.cause, uri, client, what)
+    if isinstance(exc, gexc.NotFound):
+        if what == "listing":  # a prefix without objects lists empty; a 404 is the bucket
+            return ModelNotFoundError(
+                f"bucket {uri.bucket!r} does not exist ({where}); check the bucket name "
+                "and the endpoint (gcs_emulator_endpoint / STORAGE_EMULATOR_HOST)"
+            )
+        return ModelNotFoundError(f"not found: {where}; check the path")
+    if isinstance(exc, (gexc.Forbidden, gexc.Unauthorized, aexc.RefreshError,
+                        aexc.DefaultCredentialsError)):
+        return AccessDeniedError(f"access denied ({where}): {exc}; {_CREDENTIALS_FIX}")
+    if isinstance(exc, (requests.Timeout, gexc.DeadlineExceeded)):
+        return StoreTimeoutError(
+            f"the store did not answer in time ({where}); check the endpoint and the network"
+        )
+    if isinstance(exc, requests.ConnectionError):
+        return StoreUnreachableError(
+            f"cannot reach the object store ({where}); check gcs_emulator_endpoint "
+            "(STORAGE_EMULATOR_HOST) and that the store is up"
+        )
+    if isinstance(exc, DataCorruption):
+        return StoreUnreachableError(
+            f"checksum mismatch ({where}): the object changed or the connection was cut, retry"
+        )
+    if isinstance(exc, gexc.GoogleAPICallError):
+        return StoreUnreachableError(
+            f"the store answered HTTP {exc.code} ({where}): {exc.message}; check that the "
+            "endpoint is a GCS JSON API endpoint"
+        )
+    return RayStreamLLMError(f"{type(exc).__name__} for {where}: {exc}")
+
+
+def _errors() -> tuple[type[BaseException], ...]:
+    import requests
+    from google.api_core import exceptions as gexc
+    from google.auth import exceptions as aexc
+    from google.cloud.storage.exceptions import DataCorruption
+
+    return (gexc.GoogleAPIError, aexc.GoogleAuthError, requests.RequestException, DataCorruption)
+
+
+def list_objects(client: Any, uri: ModelURI) -> Iterator[ObjectInfo]:
+    """Every object under the model directory, recursively."""
+    try:
+        for blob in client.list_blobs(uri.bucket, prefix=uri.prefix, retry=_retry(),
+                                      timeout=_TIMEOUT):
+            if blob.name.endswith("/"):  # a "folder" placeholder object
+                continue
+            yield ObjectInfo(path=uri.relative(blob.name), key=blob.name, size=int(blob.size),
+                             etag=str(blob.etag or blob.generation or ""))
+    except _errors() as exc:
+        raise translate(exc, uri, client, "listing") from None
+
+
+def list_model(uri: ModelURI, store: ObjectStoreConfig | None) -> tuple[Any, list[ObjectInfo]]:
+    """A client for ``uri`` and every object of the model directory (never empty)."""
+    client = make_client(store)
+    listing = list(list_objects(client, uri))
+    if not listing:
+        raise no_objects(uri, endpoint_of(client))
+    return client, listing
+
+
+def download(client: Any, uri: ModelURI, obj: ObjectInfo, dest: str) -> int:
+    """Write one object to ``dest`` (checksum verified by the client); return the bytes written."""
+    try:
+        with open(dest, "wb") as f:
+            client.bucket(uri.bucket).blob(obj.key).download_to_file(
+                f, retry=_retry(), timeout=_TIMEOUT)
+            return f.tell()
+    except _errors() as exc:
+        raise translate(exc, uri, client, f"reading {obj.path!r} of") from None
+
+
+def read(client: Any, uri: ModelURI, path: str, start: int | None = None,
+         end: int | None = None) -> bytes:
+    """The object ``path`` of the model directory, or its bytes ``start``..``end`` inclusive."""
+    try:
+        return client.bucket(uri.bucket).blob(uri.key(path)).download_as_bytes(
+            start=start, end=end, retry=_retry(), timeout=_TIMEOUT)
+    except _errors() as exc:
+        raise translate(exc, uri, client, f"reading {path!r} of") from None
