@@ -83,6 +83,13 @@ class ObjectStoreConfig(BaseModel):
         description="Azure storage connection string (kept secret); its AccountName, AccountKey "
         "and blob endpoint also set the streamer's reader, which ignores connection strings.",
     )
+    azure_endpoint_suffix: str | None = Field(
+        default=None,
+        description="Where the streamer's Azure reader finds the account: it requests "
+        "https://<account>.<suffix> (AZURE_STORAGE_ENDPOINT_SUFFIX). Default "
+        "'blob.core.windows.net' or what the connection string says; e.g. "
+        "'blob.core.chinacloudapi.cn', or 'localhost:<port>' for Azurite over HTTPS.",
+    )
     streamer_concurrency: int | None = Field(
         default=None,
         description="Run:ai streamer reader threads per engine (RUNAI_STREAMER_CONCURRENCY); "
@@ -175,7 +182,15 @@ class ObjectStoreConfig(BaseModel):
                     f"azure_account_name is {self.azure_account_name!r} but the connection "
                     f"string names account {named!r}: give one"
                 )
-            azure_reader_env(self.azure_connection_string.get_secret_value())  # or the fix
+            reader = azure_reader_env(self.azure_connection_string.get_secret_value())
+            if "AZURE_STORAGE_ENDPOINT_SUFFIX" not in reader and not self.azure_endpoint_suffix:
+                raise ValueError(
+                    f"the connection string's BlobEndpoint {parts['BlobEndpoint']!r} is not "
+                    "https://<AccountName>.<suffix>, the only form the streamer's Azure reader "
+                    "requests (it ignores connection strings); set azure_endpoint_suffix to where "
+                    "https://<AccountName>.<suffix> reaches the same service (Azurite: start it "
+                    "with --cert/--key and give 'localhost:<port>')"
+                )
         return self
 
     def resolved_addressing_style(self) -> str | None:
@@ -199,13 +214,15 @@ def azure_reader_env(connection_string: str) -> dict[str, str]:
     """The variables the streamer's Azure reader needs, from a connection string.
 
     The reader (libstreamerazure.so) ignores AZURE_STORAGE_CONNECTION_STRING: it reads
-    AZURE_STORAGE_ACCOUNT_NAME, AZURE_STORAGE_ACCOUNT_KEY and AZURE_STORAGE_ENDPOINT_SUFFIX
-    and always requests ``https://<account>.<suffix>``. A path-style blob endpoint
-    (``http://127.0.0.1:10000/devstoreaccount1``, Azurite's default) cannot be expressed so.
+    AZURE_STORAGE_ACCOUNT_NAME, AZURE_STORAGE_ACCOUNT_KEY (or AZURE_STORAGE_SAS_TOKEN) and
+    AZURE_STORAGE_ENDPOINT_SUFFIX and requests ``https://<account>.<suffix>`` only. The
+    suffix is derived from ``EndpointSuffix`` or a ``BlobEndpoint`` of that form; a
+    path-style one (``https://127.0.0.1:10000/devstoreaccount1``, as for Azurite) gives none.
     """
     parts = azure_connection_parts(connection_string)
     env: dict[str, str] = {}
-    if account := parts.get("AccountName"):
+    account = parts.get("AccountName", "")
+    if account:
         env["AZURE_STORAGE_ACCOUNT_NAME"] = account
     if key := parts.get("AccountKey"):
         env["AZURE_STORAGE_ACCOUNT_KEY"] = key
@@ -213,19 +230,13 @@ def azure_reader_env(connection_string: str) -> dict[str, str]:
         env["AZURE_STORAGE_SAS_TOKEN"] = sas
     if endpoint := parts.get("BlobEndpoint"):
         url = urlsplit(endpoint)
-        netloc, prefix = url.netloc, f"{account}."
-        if url.scheme != "https" or not account or not netloc.startswith(prefix) or (
-                url.path not in ("", "/")):
-            raise ValueError(
-                f"the connection string's BlobEndpoint {endpoint!r} cannot reach the streamer's "
-                "Azure reader, which requests https://<AccountName>.<suffix>/<container>/<blob> "
-                "only; use an https endpoint with the account as the first host label (for "
-                "Azurite: start it with --cert/--key and use "
-                f"BlobEndpoint=https://{account or '<account>'}.localhost:<port>)"
-            )
-        env["AZURE_STORAGE_ENDPOINT_SUFFIX"] = netloc[len(prefix):]
+        if (url.scheme == "https" and account and url.netloc.startswith(f"{account}.")
+                and url.path in ("", "/")):
+            env["AZURE_STORAGE_ENDPOINT_SUFFIX"] = url.netloc[len(account) + 1:]
     elif suffix := parts.get("EndpointSuffix"):
         env["AZURE_STORAGE_ENDPOINT_SUFFIX"] = f"blob.{suffix}"
+    else:
+        env["AZURE_STORAGE_ENDPOINT_SUFFIX"] = AZURE_BLOB_SUFFIX
     return env
 
 
@@ -303,6 +314,7 @@ def derive_settings(store: ObjectStoreConfig | None) -> StoreSettings:
         for name, value in reader.items():
             put(name, value, is_secret=name in ("AZURE_STORAGE_ACCOUNT_KEY",
                                                 "AZURE_STORAGE_SAS_TOKEN"))
+    put("AZURE_STORAGE_ENDPOINT_SUFFIX", store.azure_endpoint_suffix)
     put("RUNAI_STREAMER_CONCURRENCY", store.streamer_concurrency)
     put("RUNAI_STREAMER_MEMORY_LIMIT", store.streamer_memory_limit)
     put("RUNAI_STREAMER_CHUNK_BYTESIZE", store.streamer_chunk_bytesize)

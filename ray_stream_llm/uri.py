@@ -16,7 +16,9 @@ import re
 STREAMABLE_SCHEMES: dict[str, tuple[str, str]] = {
     "s3": ("runai_model_streamer_s3", "pip install 'runai-model-streamer[s3]==0.17.1'"),
     "gs": ("runai_model_streamer_gcs", "pip install 'runai-model-streamer[gcs]==0.17.1'"),
-    "az": ("runai_model_streamer_azure", "pip install 'runai-model-streamer[azure]==0.17.1'"),
+    # runai-model-streamer[azure]==0.17.1 asks for runai-model-streamer-azure==0.17.1, which the
+    # package index does not have; 0.17.0 streams with the 0.17.1 streamer (tests/test_azure.py)
+    "az": ("runai_model_streamer_azure", "pip install runai-model-streamer-azure==0.17.0"),
 }
 
 # Schemes that look right but the streamer does not read: the fix for each.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -40,6 +40,21 @@ def tiny_models(s3_server: LocalS3Server,
         uploaded[name] = UploadedModel(name=name, uri=uri, local=local,
                                        metadata=metadata_files(local), weights=weight_files(local))
     return uploaded
+
+
+@pytest.fixture(scope="session")
+def tiny_layout(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``tiny_layout(name)``: the local directory of a layout of tests/models.py, built once
+    per session on first request (for the stores other than the S3 server)."""
+    root = tmp_path_factory.mktemp("layouts")
+    built: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in built:
+            built[name] = build_layout(name, root / name)
+        return built[name]
+
+    return get
 
 
 @pytest.fixture

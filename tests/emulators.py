@@ -11,14 +11,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from models import UploadedModel, metadata_files, weight_files
 from ray_stream_llm._localstore import _free_ports
 
 # time=... level=INFO msg="127.0.0.1 - - [date] \"GET /path?query HTTP/1.1\" 200 379\n"
@@ -35,6 +38,17 @@ class ObjectRead:
     uri: str  # gs://bucket/key
     status: int  # 200: the whole object, 206: a range
     reader: str  # "python": google-cloud-storage (/download/...), "cpp": google-cloud-cpp
+
+
+def _settled_text(path: Path, quiet: float = 0.2, timeout: float = 10.0) -> str:
+    """``path``'s text once it has stopped growing for ``quiet`` seconds (servers write their
+    access log lines a little after they answer)."""
+    deadline = time.monotonic() + timeout
+    size = -1
+    while (now := path.stat().st_size) != size and time.monotonic() < deadline:
+        size = now
+        time.sleep(quiet)
+    return path.read_text(errors="replace")
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
@@ -111,7 +125,7 @@ class GCSEmulator:
     def reads(self) -> list[ObjectRead]:
         """Every object download answered so far, from the access log."""
         found = []
-        for line in self.log_path.read_text(errors="replace").splitlines():
+        for line in _settled_text(self.log_path).splitlines():
             access = _ACCESS.search(line)
             if access is None or access["method"] != "GET":
                 continue
@@ -124,6 +138,174 @@ class GCSEmulator:
             reader = "python" if target.path.startswith("/download/") else "cpp"
             found.append(ObjectRead(f"gs://{media['bucket']}/{key}", int(access["status"]), reader))
         return found
+
+
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/"
+               "KBHBeksoGMGw==")  # Azurite's well-known development key
+AZURITE_NPM = "npm install --prefix .venv/azurite azurite@3.35.0"
+SYSTEM_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")  # compiled into the reader
+# 127.0.0.1 - - [29/Nov/2026:13:58:54 +0000] "GET /models/tiny/model.safetensors HTTP/1.1" 206 96
+_AZ_ACCESS = re.compile(r'"(?P<method>[A-Z]+) (?P<target>\S+) HTTP/[\d.]+" (?P<status>\d+) '
+                        r'(?P<bytes>\d+|-)')
+
+
+def azurite_binary() -> Path | None:
+    """``azurite-blob`` from $AZURITE_BLOB, the venv's npm prefix, or PATH."""
+    for candidate in (os.environ.get("AZURITE_BLOB"),
+                      str(Path(sys.prefix) / "azurite" / "node_modules" / ".bin" / "azurite-blob"),
+                      shutil.which("azurite-blob")):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    return None
+
+
+def self_signed_cert(directory: Path, hosts: list[str]) -> tuple[Path, Path]:
+    """A certificate (and its key) for ``hosts`` and 127.0.0.1, valid for a day."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    san = [x509.DNSName(h) for h in hosts] + [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(san), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+class Azurite:
+    """Azurite's blob service on 127.0.0.1 over HTTPS, in memory."""
+
+    def __init__(self, root: Path, binary: Path) -> None:
+        self.root, self.binary = Path(root), binary
+        (self.port,) = _free_ports(1)
+        self.endpoint = f"https://127.0.0.1:{self.port}/{AZURITE_ACCOUNT}"  # path style
+        self.reader_suffix = f"localhost:{self.port}"  # https://devstoreaccount1.localhost:port
+        self.cert, self.key = self_signed_cert(self.root, ["localhost",
+                                                           f"{AZURITE_ACCOUNT}.localhost"])
+        self.connection_string = (
+            f"DefaultEndpointsProtocol=https;AccountName={AZURITE_ACCOUNT};"
+            f"AccountKey={AZURITE_KEY};BlobEndpoint={self.endpoint};")
+        self.log_path = self.root / "azurite.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def __enter__(self) -> Azurite:
+        with open(self.log_path, "wb") as log:
+            self._proc = subprocess.Popen(
+                [str(self.binary), "--blobHost", "127.0.0.1", "--blobPort", str(self.port),
+                 "--inMemoryPersistence", "--skipApiVersionCheck", "--loose",
+                 "--disableTelemetry", "--extentMemoryLimit", "512", "--cert", str(self.cert), "--key", str(self.key)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True)  # npm's launcher and node: one group, stopped together
+        deadline = time.monotonic() + 30
+        while b"successfully listens" not in self.log_path.read_bytes():
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                self.__exit__()
+                raise RuntimeError(f"Azurite did not start: {self.log_path.read_text()[-2000:]}")
+            time.sleep(0.1)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            os.killpg(self._proc.pid, 15)
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self._proc.pid, 9)
+                self._proc.wait()
+            self._proc = None
+
+    def client(self):  # noqa: ANN201 - azure.storage.blob.BlobServiceClient
+        from azure.storage.blob import BlobServiceClient
+
+        return BlobServiceClient.from_connection_string(self.connection_string,
+                                                        connection_verify=str(self.cert))
+
+    def upload_dir(self, local_dir: Path, uri: str) -> list[str]:
+        """Upload every file under ``local_dir`` to ``az://container/prefix/``; the keys."""
+        container_name, _, prefix = uri.removeprefix("az://").partition("/")
+        container = self.client().get_container_client(container_name)
+        if not container.exists():
+            container.create_container()
+        keys = []
+        for path in sorted(p for p in Path(local_dir).rglob("*") if p.is_file()):
+            key = prefix + path.relative_to(local_dir).as_posix()
+            with open(path, "rb") as f:
+                container.upload_blob(key, f, overwrite=True)
+            keys.append(key)
+        return keys
+
+    def reads(self) -> list[tuple[str, int, int, str]]:
+        """``(az://container/key, status, bytes, reader)`` of every blob download answered so
+        far; reader: "python" (path-style request) or "cpp" (the streamer's reader)."""
+        found = []
+        for line in _settled_text(self.log_path).splitlines():
+            access = _AZ_ACCESS.search(line)
+            if access is None or access["method"] != "GET":
+                continue
+            target = urllib.parse.urlsplit(access["target"])
+            path = target.path.lstrip("/")
+            reader = "python" if path.startswith(f"{AZURITE_ACCOUNT}/") else "cpp"
+            container, _, key = path.removeprefix(f"{AZURITE_ACCOUNT}/").partition("/")
+            if not key or "comp=" in target.query or "restype=" in target.query:
+                continue
+            size = 0 if access["bytes"] == "-" else int(access["bytes"])
+            found.append((f"az://{container}/{urllib.parse.unquote(key)}",
+                          int(access["status"]), size, reader))
+        return found
+
+
+def trusting(cert: Path, workdir: Path) -> list[str] | None:
+    """A command prefix that runs a process with ``cert`` added to the system CA bundle, in a
+    private mount namespace (``unshare``; nothing changes outside it), or None where this
+    machine cannot (no user namespaces, no system bundle)."""
+    if not SYSTEM_CA_BUNDLE.is_file() or shutil.which("unshare") is None:
+        return None
+    bundle = workdir / "ca-bundle.crt"
+    bundle.write_bytes(SYSTEM_CA_BUNDLE.read_bytes() + b"\n" + cert.read_bytes())
+    prefix = ["unshare", "--mount", "--map-root-user", "sh", "-c",
+              f'mount --bind "{bundle}" {SYSTEM_CA_BUNDLE} && exec "$@"', "sh"]
+    probe = subprocess.run([*prefix, "true"], capture_output=True, timeout=30)
+    return prefix if probe.returncode == 0 else None
+
+
+def upload_layouts(emulator: GCSEmulator | Azurite, root_uri: str, names: tuple[str, ...],
+                   tiny_layout: Callable[[str], Path]) -> dict[str, UploadedModel]:
+    """Each layout of tests/models.py uploaded to ``<root_uri><name>/``."""
+    uploaded = {}
+    for name in names:
+        local = tiny_layout(name)
+        uri = f"{root_uri}{name}/"
+        emulator.upload_dir(local, uri)
+        uploaded[name] = UploadedModel(name=name, uri=uri, local=local,
+                                       metadata=metadata_files(local), weights=weight_files(local))
+    return uploaded
+
+
+def files_fetched(path: Path) -> dict[str, bytes]:
+    """The files a metadata fetch wrote (its marker aside) and their contents."""
+    return {str(p.relative_to(path)): p.read_bytes() for p in path.rglob("*") if p.is_file()
+            and p.name != ".ray_stream_llm.json"}
 
 
 STREAM = """

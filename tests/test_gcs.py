@@ -12,8 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from emulators import GCSEmulator, local_tensors, parse_json_tail, stream_in_subprocess
-from models import UploadedModel, build_layout, metadata_files, weight_files
+from emulators import (
+    GCSEmulator,
+    files_fetched,
+    local_tensors,
+    parse_json_tail,
+    stream_in_subprocess,
+    upload_layouts,
+)
+from models import UploadedModel
 from ray_stream_llm import (
     AccessDeniedError,
     ModelNotFoundError,
@@ -42,17 +49,8 @@ def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GCSEmulator]:
 
 
 @pytest.fixture(scope="session")
-def gcs_models(gcs: GCSEmulator, tmp_path_factory: pytest.TempPathFactory
-               ) -> dict[str, UploadedModel]:
-    root = tmp_path_factory.mktemp("gcs-models")
-    uploaded = {}
-    for name in ("sharded", "hub-mirror"):
-        local = build_layout(name, root / name)
-        uri = f"gs://{BUCKET}/tiny/{name}/"
-        gcs.upload_dir(local, uri)
-        uploaded[name] = UploadedModel(name=name, uri=uri, local=local,
-                                       metadata=metadata_files(local), weights=weight_files(local))
-    return uploaded
+def gcs_models(gcs: GCSEmulator, tiny_layout) -> dict[str, UploadedModel]:
+    return upload_layouts(gcs, f"gs://{BUCKET}/tiny/", ("sharded", "hub-mirror"), tiny_layout)
 
 
 @pytest.fixture
@@ -68,18 +66,13 @@ def _store(gcs: GCSEmulator) -> ObjectStoreConfig:
     return ObjectStoreConfig(gcs_emulator_endpoint=gcs.endpoint)
 
 
-def _files(path: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(path)): p.read_bytes() for p in path.rglob("*") if p.is_file()
-            and p.name != ".ray_stream_llm.json"}
-
-
 @pytest.mark.parametrize("layout", ["sharded", "hub-mirror"])
 def test_fetch_writes_exactly_the_metadata_and_reads_no_weight(gcs, gcs_models, no_store_env,
                                                                tmp_path, layout):
     model = gcs_models[layout]
     before = len(gcs.reads())
     path = fetch_model_metadata(model.uri, tmp_path / "meta", object_store=_store(gcs))
-    on_disk = _files(path)
+    on_disk = files_fetched(path)
     assert set(on_disk) == set(model.metadata)
     assert on_disk == {rel: (model.local / rel).read_bytes() for rel in model.metadata}
     reads = gcs.reads()[before:]

@@ -91,6 +91,25 @@ def test_anonymous_profile_gcs_azure():
     assert conn.secret_env == {"AZURE_STORAGE_CONNECTION_STRING"}
 
 
+@pytest.mark.parametrize("connection, suffix", [
+    ("AccountName=acct;AccountKey={key};EndpointSuffix=core.chinacloudapi.cn",
+     "blob.core.chinacloudapi.cn"),
+    ("AccountName=acct;AccountKey={key};BlobEndpoint=https://acct.blob.core.windows.net/",
+     "blob.core.windows.net"),
+    ("DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={key}", "blob.core.windows.net"),
+])
+def test_azure_connection_string_sets_the_streamer_reader(connection, suffix):
+    """The streamer's Azure reader ignores AZURE_STORAGE_CONNECTION_STRING: account, key and
+    endpoint suffix are derived from it, the key kept secret."""
+    settings = derive_settings(ObjectStoreConfig(azure_connection_string=connection.format(
+        key=SECRET)))
+    assert settings.env["AZURE_STORAGE_ACCOUNT_NAME"] == "acct"
+    assert settings.env["AZURE_STORAGE_ACCOUNT_KEY"] == SECRET
+    assert settings.env["AZURE_STORAGE_ENDPOINT_SUFFIX"] == suffix
+    assert settings.secret_env == {"AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_KEY"}
+    assert SECRET not in repr(settings)
+
+
 def test_gcs_emulator_endpoint():
     """Both GCS clients of the streamer find the emulator (google-cloud-storage reads
     STORAGE_EMULATOR_HOST, google-cloud-cpp CLOUD_STORAGE_EMULATOR_ENDPOINT), and its listing
@@ -120,6 +139,11 @@ def test_gcs_emulator_endpoint():
         ({"gcs_emulator_endpoint": "http://h:1", "gcs_credentials_file": "/k.json"},
          "carry no credentials"),
         ({"anonymous": True, "gcs_credentials_file": "/k.json"}, "anonymous=True"),
+        ({"azure_connection_string": f"AccountName=a;AccountKey={SECRET};"
+                                     "BlobEndpoint=http://127.0.0.1:10000/a;"},
+         "set azure_endpoint_suffix"),
+        ({"azure_connection_string": f"AccountName=a;AccountKey={SECRET}",
+          "azure_account_name": "b"}, "names account 'a'"),
         ({"endpoint": "http://x"}, "Extra inputs are not permitted"),
     ],
 )

@@ -1,0 +1,168 @@
+"""Listing and metadata reads for ``az://container/path/`` URIs (azure-storage-blob), errors
+translated.
+
+Credentials are taken in the order of the streamer's own Azure listing, from the
+derived settings over the process environment: ``AZURE_STORAGE_CONNECTION_STRING``,
+else ``AZURE_STORAGE_ACCOUNT_NAME`` with ``AZURE_STORAGE_SAS_TOKEN`` or
+``AZURE_STORAGE_ACCOUNT_KEY``, else the account with ``DefaultAzureCredential``
+(managed identity, workload identity, Azure CLI). The account URL is
+``https://<account>.<AZURE_STORAGE_ENDPOINT_SUFFIX or blob.core.windows.net>``, the one
+the streamer's C++ reader requests.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from ray_stream_llm._backends import ObjectInfo, no_objects
+from ray_stream_llm.errors import (
+    AccessDeniedError,
+    ModelNotFoundError,
+    RayStreamLLMError,
+    StoreTimeoutError,
+    StoreUnreachableError,
+)
+from ray_stream_llm.store import AZURE_BLOB_SUFFIX, ObjectStoreConfig, derive_settings
+from ray_stream_llm.uri import ModelURI
+
+_CREDENTIALS_FIX = (
+    "check azure_account_name with azure_account_key, or azure_connection_string, in "
+    "ObjectStoreConfig (or AZURE_STORAGE_* in the environment), or the identity "
+    "DefaultAzureCredential finds; it needs the Storage Blob Data Reader role"
+)
+
+
+def _setting(env: dict[str, str], name: str) -> str | None:
+    return env.get(name) or os.environ.get(name) or None
+
+
+def make_client(store: ObjectStoreConfig | None = None) -> Any:
+    """An ``azure.storage.blob.BlobServiceClient``: from ``store`` where it sets something,
+    from the environment for the rest."""
+    from azure.storage.blob import BlobServiceClient, ExponentialRetry
+
+    env = derive_settings(store).env
+    options: dict[str, Any] = {
+        "connection_timeout": 10,
+        "read_timeout": 60,
+        # the default waits 15 s or more before each retry of a refused connection; ~5 s in all
+        "retry_policy": ExponentialRetry(initial_backoff=0.5, increment_base=1.5, retry_total=2,
+                                         random_jitter_range=0),
+    }
+    if store is not None and store.ca_bundle:
+        options["connection_verify"] = store.ca_bundle
+    if connection := _setting(env, "AZURE_STORAGE_CONNECTION_STRING"):
+        try:
+            return BlobServiceClient.from_connection_string(connection, **options)
+        except ValueError:
+            raise AccessDeniedError(
+                "the Azure connection string is malformed (no AccountName or endpoint); "
+                "copy it again from the storage account's access keys"
+            ) from None
+    account = _setting(env, "AZURE_STORAGE_ACCOUNT_NAME")
+    if not account:
+        raise AccessDeniedError(f"no Azure storage account given; {_CREDENTIALS_FIX}")
+    url = f"https://{account}.{_setting(env, 'AZURE_STORAGE_ENDPOINT_SUFFIX') or AZURE_BLOB_SUFFIX}"
+    if sas := _setting(env, "AZURE_STORAGE_SAS_TOKEN"):
+        credential: Any = sas.lstrip("?")
+    elif key := _setting(env, "AZURE_STORAGE_ACCOUNT_KEY"):
+        credential = {"account_name": account, "account_key": key}
+    else:
+        from azure.identity import DefaultAzureCredential
+
+        credential = DefaultAzureCredential()
+    return BlobServiceClient(account_url=url, credential=credential, **options)
+
+
+def endpoint_of(client: Any) -> str:
+    return str(client.url).rstrip("/")
+
+
+def translate(exc: BaseException, uri: ModelURI, client: Any, what: str) -> RayStreamLLMError:
+    """Turn an azure-core / azure-identity exception into this library's typed error."""
+    from azure.core import exceptions as aexc
+
+    where = f"{what} {str(uri)!r} at endpoint {endpoint_of(client)!r}"
+    code = str(getattr(exc, "error_code", "") or "")
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if isinstance(exc, aexc.ResourceNotFoundError) or status == 404:
+        if code == "ContainerNotFound":
+            return ModelNotFoundError(
+                f"container {uri.bucket!r} does not exist ({where}); check the container name "
+                "and the storage account"
+            )
+        return ModelNotFoundError(f"not found ({code or 'HTTP 404'}): {where}; check the path")
+    if isinstance(exc, aexc.ClientAuthenticationError) or status in (401, 403):
+        return AccessDeniedError(
+            f"access denied ({code or type(exc).__name__}, {where}); {_CREDENTIALS_FIX}"
+        )
+    if isinstance(exc, (aexc.ServiceRequestTimeoutError, aexc.ServiceResponseTimeoutError)):
+        return StoreTimeoutError(
+            f"the store did not answer in time ({where}); check the endpoint and the network"
+        )
+    if isinstance(exc, (aexc.ServiceRequestError, aexc.ServiceResponseError)):
+        return StoreUnreachableError(
+            f"cannot reach the object store ({where}); check the account, the endpoint "
+            "(connection string BlobEndpoint) and that the store is up"
+        )
+    if isinstance(exc, aexc.HttpResponseError):
+        return StoreUnreachableError(
+            f"the store answered HTTP {status} {code} ({where}); check that the endpoint is "
+            "an Azure Blob Storage endpoint"
+        )
+    return RayStreamLLMError(f"{type(exc).__name__} for {where}: {exc}")
+
+
+def _is_folder(blob: Any) -> bool:
+    """A "folder": a name ending in '/' or an ADLS directory stub (as the streamer skips)."""
+    metadata = {k.lower(): v for k, v in (blob.metadata or {}).items()}
+    return blob.name.endswith("/") or (blob.size == 0 and metadata.get("hdi_isfolder") == "true")
+
+
+def list_objects(client: Any, uri: ModelURI) -> Iterator[ObjectInfo]:
+    """Every blob under the model directory, recursively."""
+    from azure.core.exceptions import AzureError
+
+    try:
+        container = client.get_container_client(uri.bucket)
+        for blob in container.list_blobs(name_starts_with=uri.prefix, include=["metadata"]):
+            if _is_folder(blob):
+                continue
+            yield ObjectInfo(path=uri.relative(blob.name), key=blob.name, size=int(blob.size),
+                             etag=str(blob.etag or "").strip('"'))
+    except AzureError as exc:
+        raise translate(exc, uri, client, "listing") from None
+
+
+def list_model(uri: ModelURI, store: ObjectStoreConfig | None) -> tuple[Any, list[ObjectInfo]]:
+    """A client for ``uri`` and every blob of the model directory (never empty)."""
+    client = make_client(store)
+    listing = list(list_objects(client, uri))
+    if not listing:
+        raise no_objects(uri, endpoint_of(client))
+    return client, listing
+
+
+def download(client: Any, uri: ModelURI, obj: ObjectInfo, dest: str) -> int:
+    """Write one blob to ``dest``; return the bytes written."""
+    from azure.core.exceptions import AzureError
+
+    try:
+        with open(dest, "wb") as f:
+            return int(client.get_blob_client(uri.bucket, obj.key).download_blob().readinto(f))
+    except AzureError as exc:
+        raise translate(exc, uri, client, f"reading {obj.path!r} of") from None
+
+
+def read(client: Any, uri: ModelURI, path: str, start: int | None = None,
+         end: int | None = None) -> bytes:
+    """The blob ``path`` of the model directory, or its bytes ``start``..``end`` inclusive."""
+    from azure.core.exceptions import AzureError
+
+    ranged = {} if start is None else {"offset": start, "length": end - start + 1}
+    try:
+        return client.get_blob_client(uri.bucket, uri.key(path)).download_blob(**ranged).readall()
+    except AzureError as exc:
+        raise translate(exc, uri, client, f"reading {path!r} of") from None

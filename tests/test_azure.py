@@ -1,0 +1,188 @@
+"""az:// against Azurite (npm azurite, blob service over HTTPS on 127.0.0.1): the metadata
+fetch, inspect_model, the typed errors, and the Run:ai streamer's Azure backend
+(runai-model-streamer-azure 0.17.0 beside streamer 0.17.1) reading the weights, each
+driven by ObjectStoreConfig alone (no Azure or AWS variable in the environment).
+
+The streamer's C++ reader ignores connection strings, requests https://<account>.<suffix>
+only and trusts only the system CA bundle (/etc/ssl/certs/ca-certificates.crt;
+SSL_CERT_FILE and CURL_CA_BUNDLE are ignored). So Azurite runs over HTTPS with a
+certificate made here; the Python clients reach it path-style through the connection
+string, the reader at https://devstoreaccount1.localhost:<port> (azure_endpoint_suffix;
+curl resolves *.localhost to 127.0.0.1), and the streaming test runs the reader in a
+private mount namespace where that bundle also holds the certificate (skipped where
+unshare cannot). What was read is taken from Azurite's access log."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from emulators import (
+    AZURITE_ACCOUNT,
+    AZURITE_KEY,
+    AZURITE_NPM,
+    Azurite,
+    azurite_binary,
+    files_fetched,
+    local_tensors,
+    parse_json_tail,
+    stream_in_subprocess,
+    trusting,
+    upload_layouts,
+)
+from models import UploadedModel
+from ray_stream_llm import (
+    AccessDeniedError,
+    ModelNotFoundError,
+    StoreUnreachableError,
+    fetch_model_metadata,
+    inspect_model,
+)
+from ray_stream_llm._localstore import _free_ports
+from ray_stream_llm.store import ObjectStoreConfig, derive_settings
+
+pytest.importorskip("azure.storage.blob", reason="pip install -r requirements/azure.txt")
+pytest.importorskip("runai_model_streamer_azure", reason="pip install -r requirements/azure.txt")
+
+CONTAINER = "models"
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
+    binary = azurite_binary()
+    if binary is None:
+        pytest.skip(f"Azurite not installed: {AZURITE_NPM}")
+    server = Azurite(tmp_path_factory.mktemp("azurite"), binary)
+    with server:
+        pid = server.pid
+        yield server
+    assert pid is not None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+@pytest.fixture(scope="session")
+def az_models(azurite: Azurite, tiny_layout) -> dict[str, UploadedModel]:
+    return upload_layouts(azurite, f"az://{CONTAINER}/tiny/", ("sharded", "hub-mirror"),
+                          tiny_layout)
+
+
+@pytest.fixture
+def no_store_env(no_aws_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No Azure or AWS variable in this process."""
+    for name in list(os.environ):
+        if name.startswith(("AZURE_", "MSI_", "IDENTITY_")):
+            monkeypatch.delenv(name)
+
+
+def _store(azurite: Azurite, **overrides) -> ObjectStoreConfig:
+    fields = dict(azure_connection_string=azurite.connection_string, ca_bundle=str(azurite.cert),
+                  azure_endpoint_suffix=azurite.reader_suffix)
+    return ObjectStoreConfig(**{**fields, **overrides})
+
+
+@pytest.mark.parametrize("layout", ["sharded", "hub-mirror"])
+def test_fetch_writes_exactly_the_metadata_and_reads_no_weight(azurite, az_models, no_store_env,
+                                                               tmp_path, layout):
+    model = az_models[layout]
+    before = len(azurite.reads())
+    path = fetch_model_metadata(model.uri, tmp_path / "meta", object_store=_store(azurite))
+    on_disk = files_fetched(path)
+    assert on_disk == {rel: (model.local / rel).read_bytes() for rel in model.metadata}
+    reads = azurite.reads()[before:]
+    assert {uri for uri, *_ in reads} == {model.uri + rel for rel in model.metadata}
+    assert sum(size for _, _, size, _ in reads) == sum(len(b) for b in on_disk.values())
+    # unchanged store: the second fetch downloads nothing
+    assert fetch_model_metadata(model.uri, tmp_path / "meta", object_store=_store(azurite)) == path
+    assert len(azurite.reads()) == before + len(reads)
+
+
+def test_inspect_model_reads_only_the_shard_headers(azurite, az_models, no_store_env):
+    model = az_models["sharded"]
+    before = len(azurite.reads())
+    manifest = inspect_model(model.uri, object_store=_store(azurite))
+    shards = sorted(model.local.glob("*.safetensors"))
+    assert manifest.streamable, manifest.problems
+    assert manifest.weight_bytes == sum(p.stat().st_size for p in shards)
+    assert manifest.tensors == len(local_tensors(model.local))
+    served: dict[str, int] = {}
+    for uri, status, size, reader in azurite.reads()[before:]:
+        assert status in (200, 206) and reader == "python"
+        served[uri] = served.get(uri, 0) + size
+    index = "model.safetensors.index.json"
+    assert served == {model.uri + index: (model.local / index).stat().st_size} | {
+        model.uri + p.name: 8 + int.from_bytes(p.read_bytes()[:8], "little") for p in shards}
+
+
+def test_derived_settings_reach_the_streamer_reader(azurite):
+    """The reader ignores AZURE_STORAGE_CONNECTION_STRING: its account and key are derived
+    from the connection string, its endpoint from azure_endpoint_suffix."""
+    settings = derive_settings(_store(azurite))
+    assert settings.env == {
+        "AWS_CA_BUNDLE": str(azurite.cert),
+        "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string,
+        "AZURE_STORAGE_ACCOUNT_NAME": AZURITE_ACCOUNT,
+        "AZURE_STORAGE_ACCOUNT_KEY": AZURITE_KEY,
+        "AZURE_STORAGE_ENDPOINT_SUFFIX": f"localhost:{azurite.port}",
+    }
+    assert settings.secret_env == {"AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_KEY"}
+
+
+def test_streamer_reads_every_tensor_from_azurite(azurite, az_models, tmp_path):
+    """The streamer's Azure backend (Python listing, C++ reader), given the derived variables
+    and, for Azurite's self-signed certificate, the CA: REQUESTS_CA_BUNDLE for the Python
+    listing, the system bundle (in a private mount namespace) for the reader."""
+    prefix = trusting(azurite.cert, tmp_path)
+    if prefix is None:
+        pytest.skip("no private mount namespace here (unshare --mount --map-root-user), so the "
+                    "reader cannot be made to trust Azurite's certificate")
+    model = az_models["sharded"]
+    env = {**derive_settings(_store(azurite)).env, "REQUESTS_CA_BUNDLE": str(azurite.cert)}
+    before = len(azurite.reads())
+    proc = stream_in_subprocess(model.uri, env, tmp_path, prefix=prefix)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = parse_json_tail(proc.stdout)
+    shards = sorted(model.local.glob("*.safetensors"))
+    assert sorted(result["files"]) == [model.uri + p.name for p in shards]
+    assert result["tensors"] == local_tensors(model.local)
+    served: dict[str, int] = {}
+    for uri, status, size, reader in azurite.reads()[before:]:
+        assert status in (200, 206) and reader == "cpp"
+        served[uri] = served.get(uri, 0) + size
+    assert served == {model.uri + p.name: p.stat().st_size for p in shards}  # each byte once
+
+
+def test_missing_container(azurite, az_models, no_store_env):
+    with pytest.raises(ModelNotFoundError) as err:
+        fetch_model_metadata("az://no-such-container/tiny/sharded/", object_store=_store(azurite))
+    assert "container 'no-such-container' does not exist" in str(err.value)
+    assert azurite.endpoint in str(err.value)
+
+
+def test_missing_prefix(azurite, az_models, no_store_env):
+    with pytest.raises(ModelNotFoundError) as err:
+        inspect_model(f"az://{CONTAINER}/tiny/Sharded/", object_store=_store(azurite))
+    assert f"no objects under 'az://{CONTAINER}/tiny/Sharded/'" in str(err.value)
+
+
+def test_wrong_key_is_access_denied(azurite, az_models, no_store_env):
+    wrong = azurite.connection_string.replace(AZURITE_KEY, "d3Jvbmcta2V5" * 8)
+    with pytest.raises(AccessDeniedError) as err:
+        inspect_model(az_models["sharded"].uri, object_store=_store(azurite,
+                                                                    azure_connection_string=wrong))
+    assert "access denied" in str(err.value) and "d3Jvbmcta2V5" not in str(err.value)
+
+
+def test_closed_port_is_unreachable_within_seconds(azurite, no_store_env):
+    (port,) = _free_ports(1)
+    closed = azurite.connection_string.replace(f":{azurite.port}/", f":{port}/")
+    start = time.monotonic()
+    with pytest.raises(StoreUnreachableError) as err:
+        fetch_model_metadata(f"az://{CONTAINER}/m/",
+                             object_store=_store(azurite, azure_connection_string=closed))
+    assert "cannot reach the object store (listing 'az://models/m/' at endpoint " \
+           f"'https://127.0.0.1:{port}/{AZURITE_ACCOUNT}')" in str(err.value)
+    assert time.monotonic() - start < 15
