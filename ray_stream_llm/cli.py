@@ -1,9 +1,10 @@
-"""The ``ray-stream-llm`` console script: inspect, fetch-metadata, run, demo."""
+"""The ``ray-stream-llm`` console script: inspect, fetch-metadata, run, demo, bench."""
 
 from __future__ import annotations
 
 import functools
 import json
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -213,16 +214,10 @@ def run(model_uri: str, input: str, column: str, output: str, max_tokens: int, t
     seconds = time.perf_counter() - start
     click.echo(f"rows: {rows}/{rows_in}  generated tokens: {generated}  seconds: {seconds:.1f}  "
                f"output: {output}")
-    if config.streams_from_object_store:
-        from ray_stream_llm.fetch import _fetch
-        from ray_stream_llm.manifest import inspect_model
-        from ray_stream_llm.uri import parse_model_uri
+    from ray_stream_llm import load_reports
 
-        report = _fetch(parse_model_uri(model_uri), None, store=config.object_store)
-        manifest = inspect_model(model_uri, object_store=config.object_store, check_headers=False)
-        click.echo(f"load: {report.files} metadata files ({_size(report.bytes)}) on local disk; "
-                   f"{_size(manifest.weight_bytes)} of safetensors streamed by each engine; "
-                   f"{report.skipped_weight_files} weight files never written locally")
+    for k, report in enumerate(load_reports(), 1):
+        click.echo(f"engine {k}: {report.log_line()}")
     ray.shutdown()
     if rows != rows_in:
         raise click.ClickException(f"{rows_in - rows} row(s) missing from the output")
@@ -239,6 +234,45 @@ def demo(workdir: str | None) -> None:
     from ray_stream_llm.demo import run_demo
 
     sys.exit(run_demo(workdir))
+
+
+@main.command()
+@click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Runs of each benchmark; the table shows min, median and max.")
+@click.option("--workdir", type=click.Path(file_okay=False), default=None,
+              help="Where the S3 server and the jobs keep their files (default: a temporary "
+                   "directory, removed afterwards).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write the results (perf_metrics, every run) to this JSON file.")
+@click.option("--layers", type=click.IntRange(min=1), default=None, hidden=True,
+              help="Decoder layers of the generated model (default 14: about 1 GiB); for smoke tests.")
+@_one_line_errors
+def bench(repeat: int, workdir: str | None, json_path: str | None, layers: int | None) -> None:
+    """Benchmark on this machine: cold start streamed vs downloaded, streaming vs the store's
+    ceiling, metadata fetch of 1/10/100-shard models; prints a table.
+
+    Uses a local S3 server and a generated random-weight model of about 1 GiB
+    (cached). Takes a few minutes per run on 2 CPUs.
+
+    Example: ray-stream-llm bench --repeat 3 --json bench.json
+    """
+    import tempfile
+
+    from ray_stream_llm.bench import check_thresholds, format_table, run_cpu_benchmarks, write_json
+
+    root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="rsl-bench-", dir="/tmp"))
+    try:
+        result = run_cpu_benchmarks(root, repeat=repeat, layers=layers,
+                                    progress=lambda m: click.echo(m, err=True))
+    finally:
+        if workdir is None:
+            shutil.rmtree(root, ignore_errors=True)
+    click.echo(format_table(result))
+    if json_path:
+        click.echo(f"results: {write_json(result, json_path)}")
+    failures = check_thresholds(result)
+    if failures:
+        raise click.ClickException("thresholds missed: " + "; ".join(failures))
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ def run_job(
     object_store: Any = None,
     config_kwargs: dict[str, Any] | None = None,
     metrics_export_port: int | None = None,
+    sampling: dict[str, Any] | None = None,
 ) -> JobResult:
     """Answer ``questions`` with the model at ``model_uri``; every row comes back.
 
@@ -97,7 +98,7 @@ def run_job(
         config,
         preprocess=lambda row: dict(
             messages=[{"role": "user", "content": row["question"]}],
-            sampling_params=dict(temperature=0.0, max_tokens=max_tokens),
+            sampling_params=dict(temperature=0.0, max_tokens=max_tokens, **(sampling or {})),
         ),
         postprocess=lambda row: dict(
             question=row["question"],

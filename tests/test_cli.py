@@ -26,7 +26,7 @@ def env(s3_server, tmp_path):
             "RAY_STREAM_LLM_CACHE": str(tmp_path / "cache"), **s3_server.env()}
 
 
-@pytest.mark.parametrize("command", ["inspect", "fetch-metadata", "run", "demo"])
+@pytest.mark.parametrize("command", ["inspect", "fetch-metadata", "run", "demo", "bench"])
 def test_help_has_an_example(command, env):
     proc = _cli([command, "--help"], env)
     assert proc.returncode == 0 and "Example: ray-stream-llm " + command in proc.stdout
@@ -113,10 +113,42 @@ def test_run_jsonl_to_parquet_keeps_input_columns(tiny_models, s3_server):
                     env, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "rows: 5/5" in proc.stdout
-        assert "load: 5 metadata files" in proc.stdout and "1 weight files never written" in proc.stdout
+        size = (tiny_models["single"].local / "model.safetensors").stat().st_size
+        assert f"engine 1: Engine ready for {tiny_models['single'].uri}" in proc.stdout
+        assert f"weights 1 safetensors files, {size} bytes streamed" in proc.stdout
         table = pq.read_table(work / "out").to_pylist()
         assert sorted((r["id"], r["prompt"]) for r in table) == [(r["id"], r["prompt"]) for r in rows]
         assert all(r["generated_text"] and r["num_generated_tokens"] == 4 for r in table)
         assert orphaned_segments(started) == []  # the engine's shared memory was released
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.mark.e2e
+def test_bench_prints_the_table_and_writes_perf_metrics():
+    """`ray-stream-llm bench` end to end, scaled down (2 layers, one run): its own S3 server,
+    both cold starts, the throughput pair and the metadata fetches."""
+    work = Path(tempfile.mkdtemp(prefix="rsl-bench-", dir="/tmp"))
+    try:
+        env = {"PATH": os.environ["PATH"], "HOME": str(work / "home"),
+               "RAY_STREAM_LLM_CACHE": str(work / "cache")}
+        proc = _cli(["bench", "--repeat", "1", "--layers", "2", "--workdir", str(work / "w"),
+                     "--json", str(work / "out.json")], env, timeout=900)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+        metrics = {m["perf_metric_name"]: m["perf_metric_value"]
+                   for m in json.loads((work / "out.json").read_text())["perf_metrics"]}
+        for name in metrics:  # every figure is a row of the printed table
+            assert any(line.startswith(name + " ") for line in proc.stdout.splitlines()), name
+        assert {f"metadata.{n}_shards.seconds" for n in (1, 10, 100)} <= set(metrics)
+        run = json.loads((work / "out.json").read_text())["runs"][0]
+        streamed, downloaded = run["cold_start"]["streamed"], run["cold_start"]["downloaded"]
+        assert streamed["rows"] == downloaded["rows"] == 8
+        # ignore_eos: every row generates exactly the fixed number of tokens
+        assert streamed["generated_tokens"] == downloaded["generated_tokens"] == 8 * 16
+        # the downloaded run wrote the weights to local disk, the streamed one only metadata
+        model_bytes = sum(p.stat().st_size for p in (work / "cache" / "bench" / "llama-1gib").glob("*.safetensors"))
+        assert downloaded["disk_bytes_written"] >= model_bytes
+        assert streamed["disk_bytes_written"] < 16 << 20
+        assert run["throughput"]["bytes"] == model_bytes and run["throughput"]["ratio"] > 0
     finally:
         shutil.rmtree(work, ignore_errors=True)
