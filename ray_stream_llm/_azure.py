@@ -16,12 +16,11 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from ray_stream_llm._backends import ObjectInfo, no_objects
+from ray_stream_llm._backends import ObjectInfo, timed_out, unreachable
 from ray_stream_llm.errors import (
     AccessDeniedError,
     ModelNotFoundError,
     RayStreamLLMError,
-    StoreTimeoutError,
     StoreUnreachableError,
 )
 from ray_stream_llm.store import AZURE_BLOB_SUFFIX, ObjectStoreConfig, derive_settings
@@ -99,14 +98,9 @@ def translate(exc: BaseException, uri: ModelURI, client: Any, what: str) -> RayS
             f"access denied ({code or type(exc).__name__}, {where}); {_CREDENTIALS_FIX}"
         )
     if isinstance(exc, (aexc.ServiceRequestTimeoutError, aexc.ServiceResponseTimeoutError)):
-        return StoreTimeoutError(
-            f"the store did not answer in time ({where}); check the endpoint and the network"
-        )
+        return timed_out(where)
     if isinstance(exc, (aexc.ServiceRequestError, aexc.ServiceResponseError)):
-        return StoreUnreachableError(
-            f"cannot reach the object store ({where}); check the account, the endpoint "
-            "(connection string BlobEndpoint) and that the store is up"
-        )
+        return unreachable(where, "the account and the endpoint (connection string BlobEndpoint)")
     if isinstance(exc, aexc.HttpResponseError):
         return StoreUnreachableError(
             f"the store answered HTTP {status} {code} ({where}); check that the endpoint is "
@@ -134,15 +128,6 @@ def list_objects(client: Any, uri: ModelURI) -> Iterator[ObjectInfo]:
                              etag=str(blob.etag or "").strip('"'))
     except AzureError as exc:
         raise translate(exc, uri, client, "listing") from None
-
-
-def list_model(uri: ModelURI, store: ObjectStoreConfig | None) -> tuple[Any, list[ObjectInfo]]:
-    """A client for ``uri`` and every blob of the model directory (never empty)."""
-    client = make_client(store)
-    listing = list(list_objects(client, uri))
-    if not listing:
-        raise no_objects(uri, endpoint_of(client))
-    return client, listing
 
 
 def download(client: Any, uri: ModelURI, obj: ObjectInfo, dest: str) -> int:

@@ -1,15 +1,18 @@
 """The one dispatch point between a model URI and the module that lists and reads its store.
 
 ``_s3`` (``s3://``), ``_gcs`` (``gs://``) and ``_azure`` (``az://``) each offer the
-same three functions, which the metadata fetch, ``inspect_model`` and the
-engines' store check call through this module:
+same functions, each raising this library's typed errors (bucket or object missing,
+credentials refused, store unreachable or slow):
 
-* ``list_model(uri, store) -> (client, [ObjectInfo])``: every object of the model
-  directory, or a typed error (backend missing, bucket or prefix missing,
-  credentials refused, store unreachable);
+* ``make_client(store)`` and ``endpoint_of(client)``;
+* ``list_objects(client, uri) -> Iterator[ObjectInfo]``: every object of the model
+  directory;
 * ``download(client, uri, obj, dest) -> int``: one object written to ``dest``;
 * ``read(client, uri, path, start=None, end=None) -> bytes``: an object, or its bytes
   ``start`` to ``end`` inclusive.
+
+The metadata fetch, ``inspect_model`` and the engines' store check call them through
+:func:`list_model`, :func:`download` and :func:`read` here.
 """
 
 from __future__ import annotations
@@ -19,7 +22,12 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-from ray_stream_llm.errors import MissingBackendError, ModelNotFoundError, StoreUnreachableError
+from ray_stream_llm.errors import (
+    MissingBackendError,
+    ModelNotFoundError,
+    StoreTimeoutError,
+    StoreUnreachableError,
+)
 from ray_stream_llm.store import ObjectStoreConfig
 from ray_stream_llm.uri import STREAMABLE_SCHEMES, ModelURI
 
@@ -57,9 +65,18 @@ def check_backend(uri: ModelURI) -> None:
 
 
 def list_model(uri: ModelURI, store: ObjectStoreConfig | None) -> tuple[Any, list[ObjectInfo]]:
-    """A client for ``uri``'s store and every object of the model directory (never empty)."""
+    """A client for ``uri``'s store and every object of the model directory; a typed error
+    when the backend is missing or the prefix holds nothing."""
     check_backend(uri)
-    return _module(uri).list_model(uri, store)
+    backend = _module(uri)
+    client = backend.make_client(store)
+    listing = list(backend.list_objects(client, uri))
+    if not listing:
+        raise ModelNotFoundError(
+            f"no objects under {str(uri)!r} at endpoint {backend.endpoint_of(client)!r}; "
+            "check the prefix (it is case-sensitive)"
+        )
+    return client, listing
 
 
 def download(client: Any, uri: ModelURI, obj: ObjectInfo, dest: str) -> int:
@@ -79,9 +96,13 @@ def read(client: Any, uri: ModelURI, path: str, start: int | None = None,
     return _module(uri).read(client, uri, path, start, end)
 
 
-def no_objects(uri: ModelURI, endpoint: str) -> ModelNotFoundError:
-    """The error for a model prefix that holds no object."""
-    return ModelNotFoundError(
-        f"no objects under {str(uri)!r} at endpoint {endpoint!r}; "
-        "check the prefix (it is case-sensitive)"
+def timed_out(where: str) -> StoreTimeoutError:
+    return StoreTimeoutError(
+        f"the store did not answer in time ({where}); check the endpoint and the network"
+    )
+
+
+def unreachable(where: str, check: str) -> StoreUnreachableError:
+    return StoreUnreachableError(
+        f"cannot reach the object store ({where}); check {check} and that the store is up"
     )

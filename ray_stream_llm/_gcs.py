@@ -16,12 +16,11 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from ray_stream_llm._backends import ObjectInfo, no_objects
+from ray_stream_llm._backends import ObjectInfo, timed_out, unreachable
 from ray_stream_llm.errors import (
     AccessDeniedError,
     ModelNotFoundError,
     RayStreamLLMError,
-    StoreTimeoutError,
     StoreUnreachableError,
 )
 from ray_stream_llm.store import ObjectStoreConfig, derive_settings
@@ -109,14 +108,9 @@ def translate(exc: BaseException, uri: ModelURI, client: Any, what: str) -> RayS
                         aexc.DefaultCredentialsError)):
         return AccessDeniedError(f"access denied ({where}): {exc}; {_CREDENTIALS_FIX}")
     if isinstance(exc, (requests.Timeout, gexc.DeadlineExceeded)):
-        return StoreTimeoutError(
-            f"the store did not answer in time ({where}); check the endpoint and the network"
-        )
+        return timed_out(where)
     if isinstance(exc, requests.ConnectionError):
-        return StoreUnreachableError(
-            f"cannot reach the object store ({where}); check gcs_emulator_endpoint "
-            "(STORAGE_EMULATOR_HOST) and that the store is up"
-        )
+        return unreachable(where, "gcs_emulator_endpoint (STORAGE_EMULATOR_HOST)")
     if isinstance(exc, DataCorruption):
         return StoreUnreachableError(
             f"checksum mismatch ({where}): the object changed or the connection was cut, retry"
@@ -149,15 +143,6 @@ def list_objects(client: Any, uri: ModelURI) -> Iterator[ObjectInfo]:
                              etag=str(blob.etag or blob.generation or ""))
     except _errors() as exc:
         raise translate(exc, uri, client, "listing") from None
-
-
-def list_model(uri: ModelURI, store: ObjectStoreConfig | None) -> tuple[Any, list[ObjectInfo]]:
-    """A client for ``uri`` and every object of the model directory (never empty)."""
-    client = make_client(store)
-    listing = list(list_objects(client, uri))
-    if not listing:
-        raise no_objects(uri, endpoint_of(client))
-    return client, listing
 
 
 def download(client: Any, uri: ModelURI, obj: ObjectInfo, dest: str) -> int:

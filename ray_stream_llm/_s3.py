@@ -15,16 +15,18 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from ray_stream_llm._backends import ObjectInfo, no_objects
+from ray_stream_llm._backends import ObjectInfo, list_model, timed_out, unreachable
 from ray_stream_llm.errors import (
     AccessDeniedError,
     ModelNotFoundError,
     RayStreamLLMError,
-    StoreTimeoutError,
     StoreUnreachableError,
 )
 from ray_stream_llm.store import ObjectStoreConfig, derive_settings, is_local_or_ip
 from ray_stream_llm.uri import ModelURI
+
+__all__ = ["ObjectInfo", "download", "endpoint_of", "list_model", "list_objects", "make_client",
+           "read", "translate"]  # list_model: _backends' (any scheme), kept importable here
 
 _NOT_FOUND = {"NoSuchBucket", "NoSuchKey", "404", "NotFound"}
 _DENIED = {"AccessDenied", "403", "Forbidden", "AllAccessDisabled", "AccountProblem"}
@@ -121,14 +123,9 @@ def translate(exc: BaseException, uri: ModelURI, client: Any, what: str) -> RayS
     if isinstance(exc, bexc.NoCredentialsError):
         return AccessDeniedError(f"no credentials found for {where}; {_CREDENTIALS_FIX}")
     if isinstance(exc, (bexc.ReadTimeoutError, bexc.ConnectTimeoutError)):
-        return StoreTimeoutError(
-            f"the store did not answer in time ({where}); check the endpoint and the network"
-        )
+        return timed_out(where)
     if isinstance(exc, (bexc.EndpointConnectionError, bexc.ConnectionClosedError)):
-        return StoreUnreachableError(
-            f"cannot reach the object store ({where}); check AWS_ENDPOINT_URL and that "
-            "the store is up"
-        )
+        return unreachable(where, "AWS_ENDPOINT_URL")
     if isinstance(exc, bexc.BotoCoreError):
         return StoreUnreachableError(f"{type(exc).__name__} for {where}: {exc}")
     return RayStreamLLMError(f"{type(exc).__name__} for {where}: {exc}")
@@ -153,16 +150,6 @@ def list_objects(client: Any, uri: ModelURI) -> Iterator[ObjectInfo]:
                 )
     except (bexc.BotoCoreError, bexc.ClientError) as exc:
         raise translate(exc, uri, client, "listing") from None
-
-
-def list_model(uri: ModelURI, store: ObjectStoreConfig | None) -> tuple[Any, list[ObjectInfo]]:
-    """A client for ``uri`` and every object of the model directory; a typed error when the
-    prefix holds nothing."""
-    client = make_client(store)
-    listing = list(list_objects(client, uri))
-    if not listing:
-        raise no_objects(uri, endpoint_of(client))
-    return client, listing
 
 
 def download(client: Any, uri: ModelURI, obj: ObjectInfo, dest: str) -> int:

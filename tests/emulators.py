@@ -17,12 +17,14 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from models import UploadedModel, metadata_files, weight_files
+from ray_stream_llm import fetch_model_metadata, inspect_model
 from ray_stream_llm._localstore import _free_ports
+from ray_stream_llm.store import ObjectStoreConfig
 
 # time=... level=INFO msg="127.0.0.1 - - [date] \"GET /path?query HTTP/1.1\" 200 379\n"
 _ACCESS = re.compile(r'\\"(?P<method>[A-Z]+) (?P<target>\S+) HTTP/[\d.]+\\" (?P<status>\d+)')
@@ -35,9 +37,10 @@ _MEDIA = re.compile(r"^(?:/download)?/storage/v1/b/(?P<bucket>[^/]+)/o/(?P<key>[
 class ObjectRead:
     """One answered object download (a whole object or a range)."""
 
-    uri: str  # gs://bucket/key
+    uri: str  # gs://bucket/key, az://container/key
     status: int  # 200: the whole object, 206: a range
-    reader: str  # "python": google-cloud-storage (/download/...), "cpp": google-cloud-cpp
+    reader: str  # "python": a Python client, "cpp": the streamer's C++ reader
+    bytes: int | None = None  # None where the server does not log it
 
 
 def _settled_text(path: Path, quiet: float = 0.2, timeout: float = 10.0) -> str:
@@ -65,7 +68,47 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: floa
     raise RuntimeError(f"{url}: the emulator did not answer within {timeout}s")
 
 
-class GCSEmulator:
+class _Server:
+    """A server process with its output in ``log_path``, stopped with its process group."""
+
+    log_path: Path
+    _proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def _start(self, argv: list[str]) -> None:
+        with open(self.log_path, "wb") as log:
+            self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            os.killpg(self._proc.pid, 15)  # Azurite: npm's launcher and node, one group
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self._proc.pid, 9)
+                self._proc.wait()
+            self._proc = None
+
+
+def running(server: GCSEmulator | Azurite) -> Iterator[GCSEmulator | Azurite]:
+    """For a session fixture: the started ``server``, and once the session is over, a check
+    that its process is gone."""
+    with server:
+        pid = server.pid
+        yield server
+    assert pid is not None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return
+    raise AssertionError(f"{type(server).__name__} (pid {pid}) still runs")
+
+
+class GCSEmulator(_Server):
     """fake-gcs-server on 127.0.0.1, in memory; ``endpoint`` is its JSON API root."""
 
     def __init__(self, root: Path) -> None:
@@ -75,31 +118,13 @@ class GCSEmulator:
         (self.port,) = _free_ports(1)
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(root) / "fake-gcs-server.log"
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
 
     def __enter__(self) -> GCSEmulator:
-        with open(self.log_path, "wb") as log:
-            self._proc = subprocess.Popen(
-                [str(self.binary), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
-                 "-port", str(self.port), "-external-url", self.endpoint,
-                 "-public-host", f"127.0.0.1:{self.port}", "-log-level", "info"],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self._start([str(self.binary), "-scheme", "http", "-backend", "memory",
+                     "-host", "127.0.0.1", "-port", str(self.port), "-external-url", self.endpoint,
+                     "-public-host", f"127.0.0.1:{self.port}", "-log-level", "info"])
         _wait_http(f"{self.endpoint}/storage/v1/b", self._proc, self.log_path, 30)
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._proc is not None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-            self._proc = None
 
     def client(self):  # noqa: ANN201 - google.cloud.storage.Client
         from google.auth.credentials import AnonymousCredentials
@@ -189,7 +214,7 @@ def self_signed_cert(directory: Path, hosts: list[str]) -> tuple[Path, Path]:
     return cert_path, key_path
 
 
-class Azurite:
+class Azurite(_Server):
     """Azurite's blob service on 127.0.0.1 over HTTPS, in memory."""
 
     def __init__(self, root: Path, binary: Path) -> None:
@@ -203,20 +228,12 @@ class Azurite:
             f"DefaultEndpointsProtocol=https;AccountName={AZURITE_ACCOUNT};"
             f"AccountKey={AZURITE_KEY};BlobEndpoint={self.endpoint};")
         self.log_path = self.root / "azurite.log"
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
 
     def __enter__(self) -> Azurite:
-        with open(self.log_path, "wb") as log:
-            self._proc = subprocess.Popen(
-                [str(self.binary), "--blobHost", "127.0.0.1", "--blobPort", str(self.port),
-                 "--inMemoryPersistence", "--skipApiVersionCheck", "--loose",
-                 "--disableTelemetry", "--extentMemoryLimit", "512", "--cert", str(self.cert), "--key", str(self.key)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True)  # npm's launcher and node: one group, stopped together
+        self._start([str(self.binary), "--blobHost", "127.0.0.1", "--blobPort", str(self.port),
+                     "--inMemoryPersistence", "--skipApiVersionCheck", "--loose",
+                     "--disableTelemetry", "--extentMemoryLimit", "512",
+                     "--cert", str(self.cert), "--key", str(self.key)])
         deadline = time.monotonic() + 30
         while b"successfully listens" not in self.log_path.read_bytes():
             if self._proc.poll() is not None or time.monotonic() > deadline:
@@ -224,16 +241,6 @@ class Azurite:
                 raise RuntimeError(f"Azurite did not start: {self.log_path.read_text()[-2000:]}")
             time.sleep(0.1)
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._proc is not None:
-            os.killpg(self._proc.pid, 15)
-            try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self._proc.pid, 9)
-                self._proc.wait()
-            self._proc = None
 
     def client(self):  # noqa: ANN201 - azure.storage.blob.BlobServiceClient
         from azure.storage.blob import BlobServiceClient
@@ -255,9 +262,9 @@ class Azurite:
             keys.append(key)
         return keys
 
-    def reads(self) -> list[tuple[str, int, int, str]]:
-        """``(az://container/key, status, bytes, reader)`` of every blob download answered so
-        far; reader: "python" (path-style request) or "cpp" (the streamer's reader)."""
+    def reads(self) -> list[ObjectRead]:
+        """Every blob download answered so far; a path-style request is a Python client's, a
+        product-style one the streamer's reader."""
         found = []
         for line in _settled_text(self.log_path).splitlines():
             access = _AZ_ACCESS.search(line)
@@ -270,8 +277,8 @@ class Azurite:
             if not key or "comp=" in target.query or "restype=" in target.query:
                 continue
             size = 0 if access["bytes"] == "-" else int(access["bytes"])
-            found.append((f"az://{container}/{urllib.parse.unquote(key)}",
-                          int(access["status"]), size, reader))
+            found.append(ObjectRead(f"az://{container}/{urllib.parse.unquote(key)}",
+                                    int(access["status"]), reader, size))
         return found
 
 
@@ -302,10 +309,52 @@ def upload_layouts(emulator: GCSEmulator | Azurite, root_uri: str, names: tuple[
     return uploaded
 
 
-def files_fetched(path: Path) -> dict[str, bytes]:
-    """The files a metadata fetch wrote (its marker aside) and their contents."""
-    return {str(p.relative_to(path)): p.read_bytes() for p in path.rglob("*") if p.is_file()
-            and p.name != ".ray_stream_llm.json"}
+def check_metadata_fetch(emulator: GCSEmulator | Azurite, model: UploadedModel,
+                         store: ObjectStoreConfig, dest: Path) -> None:
+    """fetch_model_metadata twice: the first writes exactly the metadata files, byte for byte,
+    reading each of them from the store once and no weight; the second reads nothing."""
+    before = len(emulator.reads())
+    path = fetch_model_metadata(model.uri, dest, object_store=store)
+    on_disk = {str(p.relative_to(path)): p.read_bytes() for p in path.rglob("*")
+               if p.is_file() and p.name != ".ray_stream_llm.json"}
+    assert on_disk == {rel: (model.local / rel).read_bytes() for rel in model.metadata}
+    reads = emulator.reads()[before:]
+    assert sorted(r.uri for r in reads) == sorted(model.uri + rel for rel in model.metadata)
+    if all(r.bytes is not None for r in reads):
+        assert sum(r.bytes or 0 for r in reads) == sum(len(b) for b in on_disk.values())
+    assert fetch_model_metadata(model.uri, dest, object_store=store) == path
+    assert len(emulator.reads()) == before + len(reads)
+
+
+def check_inspect(emulator: GCSEmulator | Azurite, model: UploadedModel,
+                  store: ObjectStoreConfig) -> list[ObjectRead]:
+    """inspect_model finds the model streamable, with the local files' weight bytes and
+    tensors; returns what it read, each a whole object or a range, by a Python client."""
+    before = len(emulator.reads())
+    manifest = inspect_model(model.uri, object_store=store)
+    assert manifest.streamable, manifest.problems
+    assert manifest.weight_bytes == sum(p.stat().st_size for p in model.local.glob("*.safetensors"))
+    assert manifest.tensors == len(local_tensors(model.local))
+    reads = emulator.reads()[before:]
+    assert {(r.status, r.reader) for r in reads} <= {(200, "python"), (206, "python")}
+    return reads
+
+
+def check_stream(emulator: GCSEmulator | Azurite, model: UploadedModel, env: dict[str, str],
+                 home: Path, prefix: list[str] | None = None) -> list[ObjectRead]:
+    """The streamer, in a process with ``env`` only, lists the model's shards and returns every
+    tensor equal to the local files; returns what the store served, all to its C++ reader."""
+    before = len(emulator.reads())
+    proc = stream_in_subprocess(model.uri, env, home, prefix)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    shards = sorted(model.local.glob("*.safetensors"))
+    assert sorted(result["files"]) == [model.uri + p.name for p in shards]
+    assert result["tensors"] == local_tensors(model.local)
+    reads = emulator.reads()[before:]
+    assert {r.uri for r in reads} == {model.uri + p.name for p in shards}
+    assert {(r.status, r.reader) for r in reads} <= {(200, "cpp"), (206, "cpp")}
+    return reads
 
 
 STREAM = """
@@ -341,7 +390,3 @@ def local_tensors(model_dir: Path) -> dict[str, list]:
                 tensor = f.get_tensor(name)
                 found[name] = [str(tensor.dtype), list(tensor.shape), tensor.float().sum().item()]
     return found
-
-
-def parse_json_tail(stdout: str) -> dict:
-    return json.loads(stdout.strip().splitlines()[-1])

@@ -26,10 +26,10 @@ from emulators import (
     AZURITE_NPM,
     Azurite,
     azurite_binary,
-    files_fetched,
-    local_tensors,
-    parse_json_tail,
-    stream_in_subprocess,
+    check_inspect,
+    check_metadata_fetch,
+    check_stream,
+    running,
     trusting,
     upload_layouts,
 )
@@ -55,13 +55,7 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
     binary = azurite_binary()
     if binary is None:
         pytest.skip(f"Azurite not installed: {AZURITE_NPM}")
-    server = Azurite(tmp_path_factory.mktemp("azurite"), binary)
-    with server:
-        pid = server.pid
-        yield server
-    assert pid is not None
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
+    yield from running(Azurite(tmp_path_factory.mktemp("azurite"), binary))
 
 
 @pytest.fixture(scope="session")
@@ -87,34 +81,18 @@ def _store(azurite: Azurite, **overrides) -> ObjectStoreConfig:
 @pytest.mark.parametrize("layout", ["sharded", "hub-mirror"])
 def test_fetch_writes_exactly_the_metadata_and_reads_no_weight(azurite, az_models, no_store_env,
                                                                tmp_path, layout):
-    model = az_models[layout]
-    before = len(azurite.reads())
-    path = fetch_model_metadata(model.uri, tmp_path / "meta", object_store=_store(azurite))
-    on_disk = files_fetched(path)
-    assert on_disk == {rel: (model.local / rel).read_bytes() for rel in model.metadata}
-    reads = azurite.reads()[before:]
-    assert {uri for uri, *_ in reads} == {model.uri + rel for rel in model.metadata}
-    assert sum(size for _, _, size, _ in reads) == sum(len(b) for b in on_disk.values())
-    # unchanged store: the second fetch downloads nothing
-    assert fetch_model_metadata(model.uri, tmp_path / "meta", object_store=_store(azurite)) == path
-    assert len(azurite.reads()) == before + len(reads)
+    check_metadata_fetch(azurite, az_models[layout], _store(azurite), tmp_path / "meta")
 
 
 def test_inspect_model_reads_only_the_shard_headers(azurite, az_models, no_store_env):
     model = az_models["sharded"]
-    before = len(azurite.reads())
-    manifest = inspect_model(model.uri, object_store=_store(azurite))
-    shards = sorted(model.local.glob("*.safetensors"))
-    assert manifest.streamable, manifest.problems
-    assert manifest.weight_bytes == sum(p.stat().st_size for p in shards)
-    assert manifest.tensors == len(local_tensors(model.local))
     served: dict[str, int] = {}
-    for uri, status, size, reader in azurite.reads()[before:]:
-        assert status in (200, 206) and reader == "python"
-        served[uri] = served.get(uri, 0) + size
+    for r in check_inspect(azurite, model, _store(azurite)):
+        served[r.uri] = served.get(r.uri, 0) + (r.bytes or 0)
     index = "model.safetensors.index.json"
     assert served == {model.uri + index: (model.local / index).stat().st_size} | {
-        model.uri + p.name: 8 + int.from_bytes(p.read_bytes()[:8], "little") for p in shards}
+        model.uri + p.name: 8 + int.from_bytes(p.read_bytes()[:8], "little")
+        for p in model.local.glob("*.safetensors")}
 
 
 def test_derived_settings_reach_the_streamer_reader(azurite):
@@ -141,18 +119,11 @@ def test_streamer_reads_every_tensor_from_azurite(azurite, az_models, tmp_path):
                     "reader cannot be made to trust Azurite's certificate")
     model = az_models["sharded"]
     env = {**derive_settings(_store(azurite)).env, "REQUESTS_CA_BUNDLE": str(azurite.cert)}
-    before = len(azurite.reads())
-    proc = stream_in_subprocess(model.uri, env, tmp_path, prefix=prefix)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = parse_json_tail(proc.stdout)
-    shards = sorted(model.local.glob("*.safetensors"))
-    assert sorted(result["files"]) == [model.uri + p.name for p in shards]
-    assert result["tensors"] == local_tensors(model.local)
     served: dict[str, int] = {}
-    for uri, status, size, reader in azurite.reads()[before:]:
-        assert status in (200, 206) and reader == "cpp"
-        served[uri] = served.get(uri, 0) + size
-    assert served == {model.uri + p.name: p.stat().st_size for p in shards}  # each byte once
+    for r in check_stream(azurite, model, env, tmp_path, prefix):
+        served[r.uri] = served.get(r.uri, 0) + (r.bytes or 0)
+    assert served == {model.uri + p.name: p.stat().st_size  # each weight byte served once
+                      for p in model.local.glob("*.safetensors")}
 
 
 def test_missing_container(azurite, az_models, no_store_env):

@@ -14,10 +14,10 @@ import pytest
 
 from emulators import (
     GCSEmulator,
-    files_fetched,
-    local_tensors,
-    parse_json_tail,
-    stream_in_subprocess,
+    check_inspect,
+    check_metadata_fetch,
+    check_stream,
+    running,
     upload_layouts,
 )
 from models import UploadedModel
@@ -39,13 +39,7 @@ BUCKET = "models"
 
 @pytest.fixture(scope="session")
 def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GCSEmulator]:
-    emulator = GCSEmulator(tmp_path_factory.mktemp("gcs"))
-    with emulator:
-        pid = emulator.pid
-        yield emulator
-    assert pid is not None
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
+    yield from running(GCSEmulator(tmp_path_factory.mktemp("gcs")))
 
 
 @pytest.fixture(scope="session")
@@ -69,53 +63,26 @@ def _store(gcs: GCSEmulator) -> ObjectStoreConfig:
 @pytest.mark.parametrize("layout", ["sharded", "hub-mirror"])
 def test_fetch_writes_exactly_the_metadata_and_reads_no_weight(gcs, gcs_models, no_store_env,
                                                                tmp_path, layout):
-    model = gcs_models[layout]
-    before = len(gcs.reads())
-    path = fetch_model_metadata(model.uri, tmp_path / "meta", object_store=_store(gcs))
-    on_disk = files_fetched(path)
-    assert set(on_disk) == set(model.metadata)
-    assert on_disk == {rel: (model.local / rel).read_bytes() for rel in model.metadata}
-    reads = gcs.reads()[before:]
-    read_uris = {r.uri for r in reads}
-    assert read_uris == {model.uri + rel for rel in model.metadata}
-    assert not read_uris & {model.uri + w for w in model.weights}
-    # unchanged store: the second fetch lists and downloads nothing
-    assert fetch_model_metadata(model.uri, tmp_path / "meta", object_store=_store(gcs)) == path
-    assert len(gcs.reads()) == before + len(reads)
+    check_metadata_fetch(gcs, gcs_models[layout], _store(gcs), tmp_path / "meta")
 
 
 def test_inspect_model_reads_only_the_shard_headers(gcs, gcs_models, no_store_env):
     model = gcs_models["sharded"]
-    before = len(gcs.reads())
-    manifest = inspect_model(model.uri, object_store=_store(gcs))
+    reads = check_inspect(gcs, model, _store(gcs))
     shards = sorted(model.local.glob("*.safetensors"))
-    assert manifest.streamable, manifest.problems
-    assert manifest.weight_bytes == sum(p.stat().st_size for p in shards)
-    assert manifest.tensors == len(local_tensors(model.local))
-    reads = sorted((r.uri, r.status) for r in gcs.reads()[before:] if r.reader == "python")
-    assert len(reads) == len(gcs.reads()[before:])
     index = model.uri + "model.safetensors.index.json"
-    # the index once, each shard's header with two ranged GETs, nothing else
-    assert reads == sorted([(index, 200)] + [(model.uri + p.name, 206) for p in shards] * 2)
+    # the index once, each shard's header with two ranged GETs (fake-gcs-server logs no sizes)
+    assert sorted((r.uri, r.status) for r in reads) == sorted(
+        [(index, 200)] + [(model.uri + p.name, 206) for p in shards] * 2)
 
 
 def test_streamer_reads_every_tensor_from_the_emulator(gcs, gcs_models, tmp_path):
     """The streamer's GCS backend (Python listing, C++ reader), given only the derived variables."""
-    model = gcs_models["sharded"]
     env = derive_settings(_store(gcs)).env
     assert env == {"STORAGE_EMULATOR_HOST": gcs.endpoint,
                    "CLOUD_STORAGE_EMULATOR_ENDPOINT": gcs.endpoint,
                    "RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS": "1"}
-    before = len(gcs.reads())
-    proc = stream_in_subprocess(model.uri, env, tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = parse_json_tail(proc.stdout)
-    shards = sorted(model.local.glob("*.safetensors"))
-    assert sorted(result["files"]) == [model.uri + p.name for p in shards]
-    assert result["tensors"] == local_tensors(model.local)
-    reads = gcs.reads()[before:]
-    assert {r.uri for r in reads} == {model.uri + p.name for p in shards}
-    assert {(r.status, r.reader) for r in reads} <= {(200, "cpp"), (206, "cpp")}  # the C++ reader
+    check_stream(gcs, gcs_models["sharded"], env, tmp_path)
 
 
 def test_missing_bucket(gcs, gcs_models, no_store_env):
