@@ -5,7 +5,10 @@ environment). What was read is taken from the emulator's access log."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +23,7 @@ from emulators import (
     running,
     upload_layouts,
 )
-from models import UploadedModel
+from models import UploadedModel, is_weight
 from ray_stream_llm import (
     AccessDeniedError,
     ModelNotFoundError,
@@ -118,3 +121,36 @@ def test_unreadable_credentials_file_is_access_denied(no_store_env, tmp_path):
                              object_store=ObjectStoreConfig(gcs_credentials_file=str(keyfile)))
     assert f"the credentials file {str(keyfile)!r}" in str(err.value)
     assert "gcs_credentials_file" in str(err.value)
+
+
+VLLM = """
+import json, sys
+from vllm import LLM, SamplingParams
+llm = LLM(model=sys.argv[1], model_weights=sys.argv[2], load_format="runai_streamer",
+          max_model_len=256, enforce_eager=True, dtype="bfloat16", max_num_seqs=4)
+out = llm.generate(["hello world"], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+print("RESULT", json.dumps({"tokens": len(out[0].outputs[0].token_ids)}), flush=True)
+"""
+
+
+@pytest.mark.e2e
+def test_vllm_streams_the_weights_from_gs(gcs, gcs_models, no_store_env, tmp_path):
+    """What the engine UDF does, without Ray: vLLM (CPU build) on the fetched metadata directory,
+    model_weights=gs://..., load_format=runai_streamer, the derived variables only (~50 s)."""
+    model = gcs_models["sharded"]
+    store = _store(gcs)
+    meta = fetch_model_metadata(model.uri, tmp_path / "meta", object_store=store)
+    before = len(gcs.reads())
+    (tmp_path / "tmp").mkdir()  # vLLM's IPC sockets
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home"),
+           "TMPDIR": str(tmp_path / "tmp"), "VLLM_CPU_KVCACHE_SPACE": "1",
+           **derive_settings(store).env}
+    proc = subprocess.run([sys.executable, "-c", VLLM, str(meta), model.uri], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert json.loads(result[-1].removeprefix("RESULT ")) == {"tokens": 8}
+    reads = gcs.reads()[before:]
+    assert {r.uri for r in reads if r.reader == "cpp"} == {
+        model.uri + p.name for p in model.local.glob("*.safetensors")}
+    assert not [p for p in tmp_path.rglob("*") if is_weight(p.name)]  # nothing written locally
