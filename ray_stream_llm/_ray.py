@@ -192,13 +192,12 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
 
 def _store_check(uri: str) -> str:
     """One listing of the model: 'reachable', or the typed error's message."""
-    from ray_stream_llm import _s3
+    from ray_stream_llm import _backends
     from ray_stream_llm.errors import RayStreamLLMError
 
     model = parse_model_uri(uri)
     try:
-        client = _s3.make_client()
-        next(iter(_s3.list_objects(client, model)), None)
+        _backends.list_model(model, None)
     except RayStreamLLMError as exc:
         return f"{type(exc).__name__}: {exc}"
     return "reachable"

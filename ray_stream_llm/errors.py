@@ -44,10 +44,6 @@ class MissingBackendError(RayStreamLLMError, ImportError):
     """A package needed for this URI scheme is not installed."""
 
 
-class UnsupportedStoreError(RayStreamLLMError, NotImplementedError):
-    """The store can be streamed from but this version cannot list it for metadata."""
-
-
 class SettingsConflictError(RayStreamLLMError, ValueError):
     """object_store derives a value that the user's own settings contradict."""
 
