@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from ray_stream_llm._backends import ObjectInfo, list_model, timed_out, unreachable
+from ray_stream_llm._backends import ObjectInfo, timed_out, unreachable
 from ray_stream_llm.errors import (
     AccessDeniedError,
     ModelNotFoundError,
@@ -25,8 +25,8 @@ from ray_stream_llm.errors import (
 from ray_stream_llm.store import ObjectStoreConfig, derive_settings, is_local_or_ip
 from ray_stream_llm.uri import ModelURI
 
-__all__ = ["ObjectInfo", "download", "endpoint_of", "list_model", "list_objects", "make_client",
-           "read", "translate"]  # list_model: _backends' (any scheme), kept importable here
+__all__ = ["ObjectInfo", "download", "endpoint_of", "list_objects", "make_client", "read",
+           "translate"]
 
 _NOT_FOUND = {"NoSuchBucket", "NoSuchKey", "404", "NotFound"}
 _DENIED = {"AccessDenied", "403", "Forbidden", "AllAccessDisabled", "AccountProblem"}

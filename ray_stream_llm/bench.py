@@ -289,11 +289,11 @@ def cold_start(model_uri: str, store_env: dict[str, str], workdir: Path, *,
 
 
 def _weight_objects(model_uri: str) -> list[tuple[str, int]]:
-    from ray_stream_llm import _s3
+    from ray_stream_llm import _backends
     from ray_stream_llm.patterns import FileRole, classify
     from ray_stream_llm.uri import parse_model_uri
 
-    _, listing = _s3.list_model(parse_model_uri(model_uri), None)
+    _, listing = _backends.list_model(parse_model_uri(model_uri), None)
     return [(f"{model_uri}{o.path}", o.size) for o in listing
             if classify(o.path) is FileRole.STREAMABLE_WEIGHTS]
 
