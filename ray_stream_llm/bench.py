@@ -341,7 +341,11 @@ def _streamer_gib_per_s(objects: list[tuple[str, int]], concurrency: int) -> flo
 
 
 def throughput(model_uri: str, *, concurrency: int = CONCURRENCY) -> dict[str, float]:
-    """Streamer and ceiling over the same objects, ceiling first then streamer."""
+    """Streamer and ceiling over the same objects, ceiling first then streamer. The ceiling
+    reader speaks S3 (AWS or S3-compatible) only."""
+    if not model_uri.startswith("s3://"):
+        raise ValueError(f"throughput benchmark: {model_uri!r} is not an s3:// URI; the ceiling "
+                         "reader (parallel ranged GETs) speaks S3 only")
     objects = _weight_objects(model_uri)
     ceiling = _ranged_get_gib_per_s(objects, concurrency)
     streamer = _streamer_gib_per_s(objects, concurrency)
