@@ -5,10 +5,9 @@ environment). What was read is taken from the emulator's access log."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -124,34 +123,30 @@ def test_unreadable_credentials_file_is_access_denied(no_store_env, tmp_path):
     assert "gcs_credentials_file" in str(err.value)
 
 
-VLLM = """
-import json, sys
-from vllm import LLM, SamplingParams
-llm = LLM(model=sys.argv[1], model_weights=sys.argv[2], load_format="runai_streamer",
-          max_model_len=256, enforce_eager=True, dtype="bfloat16", max_num_seqs=4)
-out = llm.generate(["hello world"], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
-print("RESULT", json.dumps({"tokens": len(out[0].outputs[0].token_ids)}), flush=True)
-"""
-
-
 @pytest.mark.e2e
-def test_vllm_streams_the_weights_from_gs(gcs, gcs_models, no_store_env, tmp_path):
-    """What the engine UDF does, without Ray: vLLM (CPU build) on the fetched metadata directory,
-    model_weights=gs://..., load_format=runai_streamer, the derived variables only (~50 s)."""
+def test_ray_data_job_streams_from_gs_with_settings_only_in_config(gcs, gcs_models, no_store_env,
+                                                                     s3_server):
+    """A Ray Data job (driver, CPU stages, engine actor) on gs://, the store set once in the
+    config: the job's environment holds no Google, emulator or AWS variable."""
+    from test_e2e import run_isolated
+
     model = gcs_models["sharded"]
-    store = _store(gcs)
-    meta = fetch_model_metadata(model.uri, tmp_path / "meta", object_store=store)
+    shards = sorted(model.local.glob("*.safetensors"))
     before = len(gcs.reads())
-    (tmp_path / "tmp").mkdir()  # vLLM's IPC sockets
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home"),
-           "TMPDIR": str(tmp_path / "tmp"), "VLLM_CPU_KVCACHE_SPACE": "1",
-           **derive_settings(store).env}
-    proc = subprocess.run([sys.executable, "-c", VLLM, str(meta), model.uri], capture_output=True,
-                          text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert json.loads(result[-1].removeprefix("RESULT ")) == {"tokens": 8}
+    work = Path(tempfile.mkdtemp(prefix="rsl-gs-", dir="/tmp"))  # short: Ray's socket paths
+    try:
+        out, written, _ = run_isolated(s3_server, work, model.uri, "runai_streamer",
+                                       ["hello world", "object store"], max_tokens=4,
+                                       object_store={"gcs_emulator_endpoint": gcs.endpoint})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    assert len(out["rows"]) == 2 and all(r["num_generated_tokens"] == 4 for r in out["rows"])
+    assert written == {}  # no weight file of any format on local disk
     reads = gcs.reads()[before:]
-    assert {r.uri for r in reads if r.reader == "cpp"} == {
-        model.uri + p.name for p in model.local.glob("*.safetensors")}
-    assert not [p for p in tmp_path.rglob("*") if is_weight(p.name)]  # nothing written locally
+    # the engine's streamer (its C++ reader) read every shard; nothing else read a weight
+    assert {r.uri for r in reads if r.reader == "cpp"} == {model.uri + p.name for p in shards}
+    assert {r.uri for r in reads if r.reader != "cpp" and is_weight(r.uri.rsplit("/", 1)[1])
+            and r.status == 200} == set()
+    [report] = out["load_reports"]
+    assert report["weight_bytes"] == sum(p.stat().st_size for p in shards)
+    assert report["weight_files"] == len(shards)
