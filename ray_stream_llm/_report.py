@@ -23,18 +23,13 @@ import threading
 import time
 from typing import Any
 
-from ray_stream_llm._vllm_plugin import REPORT_DIR_ENV
+from ray_stream_llm._vllm_plugin import REPORT_DIR_ENV, streamer_settings
 
 logger = logging.getLogger(__name__)
 
 KV_NAMESPACE = "ray_stream_llm"
 _KV_PREFIX = "load_report"
 GIB = 1 << 30
-_STREAMER_SETTINGS = {
-    "concurrency": "RUNAI_STREAMER_CONCURRENCY",
-    "memory_limit": "RUNAI_STREAMER_MEMORY_LIMIT",
-    "chunk_bytesize": "RUNAI_STREAMER_CHUNK_BYTESIZE",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,10 +223,6 @@ def _mib(n: int) -> float:
     return round(n / (1 << 20), 1)
 
 
-def streamer_settings() -> dict[str, str]:
-    return {k: os.environ.get(v, "default") for k, v in _STREAMER_SETTINGS.items()}
-
-
 def publish(report: LoadReport) -> None:
     """The log line, the metrics and the stored copy of one report; never raises."""
     logger.info("%s", report.log_line())
@@ -348,7 +339,9 @@ def build_report(*, model: str, streamed: bool, attempt: int, ready_seconds: flo
         metadata_bytes=fetched.bytes if fetched else 0,
         metadata_seconds=fetched.seconds if fetched else 0.0,
         metadata_downloaded=bool(fetched and fetched.downloaded),
-        streamer_settings=streamer_settings() if streamed else {},
+        # as the streaming process saw them; this actor's environment when nothing streamed
+        streamer_settings=next((x["settings"] for x in sessions if x.get("done") and "settings" in x),
+                               streamer_settings()) if streamed else {},
         finished_at=time.time(),
         **stream_figures(sessions, sizes),
     )

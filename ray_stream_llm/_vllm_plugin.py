@@ -7,7 +7,8 @@ set ``RAY_STREAM_LLM_LOAD_REPORT_DIR`` (the engine's processes inherit the
 actor's environment). Then it wraps ``SafetensorsStreamer`` so that each
 streaming session writes one small JSON file there, ``<pid>-<n>.json``: the
 files streamed, the bytes the streamer planned and the bytes it delivered,
-and the seconds from the first request to the last tensor. The file is
+the seconds from the first request to the last tensor, and the streamer
+settings in force there. The file is
 rewritten at most every half second while tensors arrive (the actor turns it
 into progress) and once at the end.
 
@@ -24,6 +25,17 @@ import time
 from typing import Any
 
 REPORT_DIR_ENV = "RAY_STREAM_LLM_LOAD_REPORT_DIR"
+# The streamer's tuning, as the streaming process sees it (vLLM applies its
+# model_loader_extra_config to this process's environment before it streams).
+STREAMER_SETTINGS = {
+    "concurrency": "RUNAI_STREAMER_CONCURRENCY",
+    "memory_limit": "RUNAI_STREAMER_MEMORY_LIMIT",
+    "chunk_bytesize": "RUNAI_STREAMER_CHUNK_BYTESIZE",
+}
+
+
+def streamer_settings() -> dict[str, str]:
+    return {k: os.environ.get(v, "default") for k, v in STREAMER_SETTINGS.items()}
 _FLUSH_S = 0.5
 _sessions = itertools.count()
 
@@ -51,6 +63,7 @@ def _measured(base: type) -> type:
                 "tensors": 0,
                 "started": begin,
                 "seconds": 0.0,
+                "settings": streamer_settings(),
                 "done": False,
             }
             self._rsl_flush(force=True)

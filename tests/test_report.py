@@ -22,6 +22,7 @@ def test_plugin_reports_what_the_streamer_delivered(s3_env, tiny_models, monkeyp
     shards = sorted(w for w in model.weights if w.endswith(".safetensors"))
     uris = [f"{model.uri}{s}" for s in shards]
     original = weight_utils.SafetensorsStreamer
+    monkeypatch.setenv("RUNAI_STREAMER_CONCURRENCY", "3")  # as vLLM sets it from its extra config
     with StreamWatcher(model.uri, progress=False) as watcher:
         register()
         register()  # vLLM may call a plugin twice in one process: wraps once
@@ -37,6 +38,7 @@ def test_plugin_reports_what_the_streamer_delivered(s3_env, tiny_models, monkeyp
     assert session["done"] and session["files"] == uris
     assert session["planned_bytes"] == session["delivered_bytes"] == expected
     assert session["tensors"] > 0 and session["seconds"] > 0
+    assert session["settings"]["concurrency"] == "3"  # what the streaming process used
     sizes = {u: (model.local / s).stat().st_size for u, s in zip(uris, shards)}
     figures = stream_figures(watcher.sessions, sizes)
     assert figures["weight_files"] == len(shards)
