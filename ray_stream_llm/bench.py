@@ -43,9 +43,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from ray_stream_llm._report import GIB
 from ray_stream_llm.runtime_env import scoped_env
 
-GIB = 1 << 30
 # Fixed constants, as release tests have them: the prompt set and the sampling.
 PROMPTS = [f"Write item {i} of a list of facts about object storage." for i in range(8)]
 MAX_TOKENS = 16

@@ -49,8 +49,12 @@ class FetchReport:
     downloaded: bool  # False: the complete directory was already there
     skipped_weight_files: int
     skipped_weight_bytes: int
-    streamable_bytes: int  # the *.safetensors among the skipped weights: what engines stream
-    streamable: dict[str, int] = dataclasses.field(default_factory=dict)  # their URIs -> sizes
+    streamable: dict[str, int]  # the *.safetensors among the skipped weights: URI -> size
+
+    @property
+    def streamable_bytes(self) -> int:
+        """What the engines stream."""
+        return sum(self.streamable.values())
 
 
 def cache_root() -> Path:
@@ -168,7 +172,6 @@ def _fetch(
             downloaded=downloaded,
             skipped_weight_files=len(weights),
             skipped_weight_bytes=sum(o.size for o in weights),
-            streamable_bytes=sum(streamable.values()),
             streamable=streamable,
         )
 
