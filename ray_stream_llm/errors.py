@@ -58,3 +58,11 @@ class InvalidSettingError(RayStreamLLMError, ValueError):
 
 class WeightLoadError(RayStreamLLMError, ConnectionError):
     """An engine could not load the weights within the retry policy."""
+
+
+class ForeignFilesError(RayStreamLLMError, FileExistsError):
+    """The destination holds files this library did not write; nothing was changed."""
+
+
+class CacheNotWritableError(RayStreamLLMError, PermissionError):
+    """A directory this library must write to (the cache, a ``dest``) is not writable."""

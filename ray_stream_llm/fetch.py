@@ -2,11 +2,16 @@
 
 The destination directory is derived from the normalised URI alone, so every
 process on a node, and every run, uses the same path (vLLM's torch.compile
-cache is keyed on it). A fetch writes into a private temporary directory and
-renames it into place only when complete, under a file lock: concurrent
-callers on one node see either nothing or a complete directory, and only one
-of them downloads. The lock is an ``fcntl`` lock on local disk; it does not
-serialise processes on different hosts sharing the directory over NFS.
+cache is keyed on it). The directory is written whole or not at all
+(:func:`ray_stream_llm.cache.publishing`): concurrent callers on one node see
+either nothing or a complete directory, and only one of them downloads.
+
+A marker file records each file's size, ETag and CRC-32. Reuse checks the
+store's listing against it and every local file against it: a file deleted,
+truncated or changed on disk is fetched again, the rest is kept. The library
+never deletes or overwrites what it did not write: a ``dest`` that is a file, or
+a directory holding files it did not write, is refused with
+:class:`~ray_stream_llm.errors.ForeignFilesError`.
 """
 
 from __future__ import annotations
@@ -17,29 +22,31 @@ import hashlib
 import json
 import logging
 import os
-import posixpath
 import shutil
-import tempfile
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
-from ray_stream_llm import _backends
-from ray_stream_llm.errors import ModelNotFoundError, UnsafeObjectKeyError
-from ray_stream_llm.patterns import REQUIRED_METADATA, FileRole, classify
-from ray_stream_llm.store import ObjectStoreConfig
+from ray_stream_llm import stores
+from ray_stream_llm.cache import CACHE_ENV, cache_root, publishing, replace
+from ray_stream_llm.errors import ForeignFilesError
+from ray_stream_llm.patterns import REQUIRED_METADATA, FileRole, classify, require_metadata
+from ray_stream_llm.stores import ObjectInfo, StoreDeadline
+from ray_stream_llm.stores.base import Client
+from ray_stream_llm.stores.settings import ObjectStoreConfig
 from ray_stream_llm.uri import ModelURI, parse_model_uri
 
 logger = logging.getLogger(__name__)
 
-CACHE_ENV = "RAY_STREAM_LLM_CACHE"
 MARKER = ".ray_stream_llm.json"
+_MARKER_VERSION = 2
 _WORKERS = 8
 
 
 @dataclasses.dataclass(frozen=True)
 class FetchReport:
-    """What one call of the fetch did."""
+    """What one metadata fetch did (:func:`fetch_metadata_report`)."""
 
     uri: str
     path: Path
@@ -47,6 +54,7 @@ class FetchReport:
     bytes: int
     seconds: float
     downloaded: bool  # False: the complete directory was already there
+    refetched: tuple[str, ...]  # local files found damaged or missing and fetched again
     skipped_weight_files: int
     skipped_weight_bytes: int
     streamable: dict[str, int]  # the *.safetensors among the skipped weights: URI -> size
@@ -55,14 +63,6 @@ class FetchReport:
     def streamable_bytes(self) -> int:
         """What the engines stream."""
         return sum(self.streamable.values())
-
-
-def cache_root() -> Path:
-    """``$RAY_STREAM_LLM_CACHE``, else ``$XDG_CACHE_HOME/ray_stream_llm``, else ``~/.cache/...``."""
-    if root := os.environ.get(CACHE_ENV):
-        return Path(root).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "ray_stream_llm"
 
 
 def default_metadata_dir(uri: str | ModelURI) -> Path:
@@ -75,35 +75,84 @@ def default_metadata_dir(uri: str | ModelURI) -> Path:
     return cache_root() / "models" / digest
 
 
-def _safe_relative(path: str, uri: ModelURI) -> str:
-    """``path`` if it stays inside the destination, else an error naming it."""
-    normalized = posixpath.normpath(path) if path else path
-    if (
-        not path
-        or path.startswith("/")
-        or "\\" in path
-        or normalized != path
-        or normalized.startswith("../")
-        or normalized == ".."
-        or "\x00" in path
-    ):
-        raise UnsafeObjectKeyError(
-            f"object key {uri.key(path)!r} under {str(uri)!r} would be written outside the "
-            "metadata directory (absolute path, '..', '.', '//' or '\\'); rename or delete "
-            "that object in the store"
-        )
-    return path
-
-
-def _fingerprint(objects: list[_backends.ObjectInfo]) -> dict[str, list[Any]]:
-    return {o.path: [o.size, o.etag] for o in objects}
+def _crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            crc = zlib.crc32(chunk, crc)
+    return crc
 
 
 def _read_marker(dest: Path) -> dict[str, Any] | None:
     try:
-        return json.loads((dest / MARKER).read_text())
+        marker = json.loads((dest / MARKER).read_text())
     except (OSError, ValueError):
         return None
+    return marker if isinstance(marker, dict) else None
+
+
+def _stale(
+    dest: Path, marker: dict[str, Any] | None, objects: list[ObjectInfo]
+) -> tuple[list[str], list[str]]:
+    """(changed, damaged): the objects the store changed since the marker was written (or
+    that it does not record), and those whose local copy is missing or differs from what
+    the marker recorded (size and CRC-32)."""
+    recorded = (
+        (marker or {}).get("files") if (marker or {}).get("version") == _MARKER_VERSION else None
+    )
+    if not isinstance(recorded, dict):
+        return [o.path for o in objects], []
+    changed, damaged = [], []
+    for obj in objects:
+        entry = recorded.get(obj.path)
+        if not (
+            isinstance(entry, dict)
+            and entry.get("size") == obj.size
+            and entry.get("etag") == obj.etag
+        ):
+            changed.append(obj.path)
+            continue
+        local = dest / obj.path
+        try:
+            intact = local.stat().st_size == obj.size and entry.get("crc32") == _crc32(local)
+        except OSError:
+            intact = False
+        if not intact:
+            damaged.append(obj.path)
+    return changed, damaged
+
+
+def _foreign(dest: Path, marker: dict[str, Any] | None) -> list[str]:
+    """What under ``dest`` this library did not write (relative paths); ``[dest]`` for a
+    file in its place."""
+    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+        return [str(dest)]
+    if not dest.is_dir():
+        return []
+    recorded = set((marker or {}).get("files") or ()) | {MARKER}
+    found = []
+    for dirpath, _, names in os.walk(dest):
+        for name in names:
+            rel = os.path.relpath(os.path.join(dirpath, name), dest)
+            if rel not in recorded:
+                found.append(rel)
+    return sorted(found)
+
+
+def _refuse_foreign(dest: Path, marker: dict[str, Any] | None) -> None:
+    foreign = _foreign(dest, marker)
+    if not foreign:
+        return
+    if foreign == [str(dest)]:
+        raise ForeignFilesError(
+            f"destination {str(dest)!r} exists and is not a directory; nothing was changed: "
+            "give the path of a new or empty directory"
+        )
+    shown = ", ".join(repr(p) for p in foreign[:5]) + (" ..." if len(foreign) > 5 else "")
+    raise ForeignFilesError(
+        f"destination {str(dest)!r} holds {len(foreign)} file(s) that fetch_model_metadata did "
+        f"not write ({shown}); nothing was changed: move them away or give another directory"
+    )
 
 
 def fetch_model_metadata(
@@ -119,78 +168,112 @@ def fetch_model_metadata(
             A trailing slash is optional.
         dest: Where to put the files. By default a directory under
             ``$RAY_STREAM_LLM_CACHE`` (or ``~/.cache/ray_stream_llm``) derived from
-            the normalised URI.
+            the normalised URI. An existing ``dest`` must be empty or an earlier
+            fetch's directory holding nothing else.
         object_store: Endpoint, credentials and addressing of the store. Unset
-            fields (or ``None``) leave the standard AWS environment in charge.
+            fields (or ``None``) leave the standard environment in charge.
 
     Returns:
         The local directory: configs, generation config, tokenizer files, chat
         templates, preprocessor configs, the safetensors index and ``*.py`` files.
 
-    Idempotent: when ``dest`` already holds a complete fetch of the same objects
-    (same keys, sizes and ETags) nothing is downloaded. Safe when several
-    processes on one node call it at once.
+    Idempotent: when ``dest`` already holds a complete, undamaged fetch of the same
+    objects (same keys, sizes and ETags) nothing is downloaded. Safe when several
+    processes on one node call it at once, and when one is killed.
+
+    >>> fetch_model_metadata("s3://models/SmolLM2-135M-Instruct/")  # doctest: +SKIP
+    PosixPath('/home/me/.cache/ray_stream_llm/models/6f1c0e5d2a9b3c47')
     """
-    return _fetch(parse_model_uri(uri), dest, require=REQUIRED_METADATA, store=object_store).path
+    return fetch_metadata_report(uri, dest, object_store=object_store).path
 
 
-def _fetch(
-    uri: ModelURI,
-    dest: str | os.PathLike[str] | None,
+def fetch_metadata_report(
+    uri: str | ModelURI,
+    dest: str | os.PathLike[str] | None = None,
     *,
+    object_store: ObjectStoreConfig | None = None,
     require: tuple[str, ...] = REQUIRED_METADATA,
-    store: ObjectStoreConfig | None = None,
 ) -> FetchReport:
-    from filelock import FileLock
-
+    """:func:`fetch_model_metadata`, returning what it did: files, bytes, seconds, whether
+    it downloaded, and the streamable weights it left in the store."""
     start = time.perf_counter()
-    target = Path(dest).expanduser().absolute() if dest else default_metadata_dir(uri)
-    client, listing = _backends.list_model(uri, store)
+    model = uri if isinstance(uri, ModelURI) else parse_model_uri(uri)
+    target = Path(dest).expanduser().absolute() if dest else default_metadata_dir(model)
+    setting = f"dest ({str(target)!r})" if dest else f"{CACHE_ENV} (the metadata cache)"
+    deadline = StoreDeadline(object_store.timeout_s if object_store is not None else None)
+    client, listing = stores.list_model(model, object_store, deadline)
     roles = {o.path: classify(o.path) for o in listing}
     # An object named like our marker would be overwritten by it: never fetched.
     metadata = [o for o in listing if roles[o.path] is FileRole.METADATA and o.path != MARKER]
-    weights = [o for o in listing if roles[o.path] in (FileRole.STREAMABLE_WEIGHTS, FileRole.OTHER_WEIGHTS)]
+    weights = [
+        o for o in listing if roles[o.path] in (FileRole.STREAMABLE_WEIGHTS, FileRole.OTHER_WEIGHTS)
+    ]
     for obj in metadata:
-        _safe_relative(obj.path, uri)
-    missing = [name for name in require if name not in {o.path for o in metadata}]
-    if missing:
-        raise ModelNotFoundError(
-            f"{str(uri)!r} has no {', '.join(missing)}; point the URI at the model "
-            "directory itself (the folder that holds config.json)"
-        )
-    fingerprint = _fingerprint(metadata)
-    streamable = {f"{uri}{o.path}": o.size for o in weights
-                  if roles[o.path] is FileRole.STREAMABLE_WEIGHTS}
+        model.safe_relative(obj.path)
+    require_metadata(str(model), (o.path for o in metadata), require)
+    streamable = {
+        f"{model}{o.path}": o.size for o in weights if roles[o.path] is FileRole.STREAMABLE_WEIGHTS
+    }
 
-    def report(downloaded: bool) -> FetchReport:
+    def report(downloaded: bool, refetched: list[str]) -> FetchReport:
         return FetchReport(
-            uri=str(uri),
+            uri=str(model),
             path=target,
             files=len(metadata),
             bytes=sum(o.size for o in metadata),
             seconds=time.perf_counter() - start,
             downloaded=downloaded,
+            refetched=tuple(refetched),
             skipped_weight_files=len(weights),
             skipped_weight_bytes=sum(o.size for o in weights),
             streamable=streamable,
         )
 
-    if (_read_marker(target) or {}).get("files") == fingerprint:
-        return report(downloaded=False)
-    _refuse_foreign_dir(target)  # before any download
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(_lock_path(target))):
-        if (_read_marker(target) or {}).get("files") == fingerprint:
-            return report(downloaded=False)  # another process fetched it meanwhile
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-        try:
-            _download_all(client, uri, metadata, staging)
-            marker = {"uri": str(uri), "files": fingerprint}
-            (staging / MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True))
-            _replace_dir(staging, target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    result = report(downloaded=True)
+    def current(marker: dict[str, Any] | None) -> tuple[list[str], list[str]] | None:
+        """None when ``target`` holds exactly this listing, undamaged; else what to fetch."""
+        changed, damaged = _stale(target, marker, metadata)
+        if not changed and not damaged and set((marker or {}).get("files") or ()) == listed:
+            return None
+        return changed, damaged
+
+    listed = {o.path for o in metadata}
+    marker = _read_marker(target)
+    _refuse_foreign(target, marker)  # before any download or lock
+    if current(marker) is None:
+        return report(downloaded=False, refetched=[])
+    with publishing(target, setting=setting) as staging:
+        marker = _read_marker(target)  # another process may have fetched it meanwhile
+        _refuse_foreign(target, marker)
+        stale = current(marker)
+        if stale is None:
+            return report(downloaded=False, refetched=[])
+        changed, refetched = stale
+        fetch = [o for o in metadata if o.path in {*changed, *refetched}]
+        for obj in metadata:  # the intact files are kept: copied, not fetched again
+            if obj not in fetch:
+                (staging / obj.path).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(target / obj.path, staging / obj.path)
+        _download_all(client, model, fetch, staging, deadline)
+        files = {
+            o.path: {"size": o.size, "etag": o.etag, "crc32": _crc32(staging / o.path)}
+            for o in metadata
+        }
+        (staging / MARKER).write_text(
+            json.dumps(
+                {"version": _MARKER_VERSION, "uri": str(model), "files": files},
+                indent=1,
+                sort_keys=True,
+            )
+        )
+        replace(staging, target)
+    result = report(downloaded=True, refetched=refetched)
+    if refetched:
+        logger.warning(
+            "Metadata of %s in %s was damaged on disk (%s); fetched it again",
+            result.uri,
+            result.path,
+            ", ".join(refetched),
+        )
     logger.info(
         "Fetched %d metadata files (%d bytes) of %s in %.2fs into %s; skipped %d weight files "
         "(%d bytes)",
@@ -205,16 +288,26 @@ def _fetch(
     return result
 
 
-def _download_all(client: Any, uri: ModelURI, objects: list[_backends.ObjectInfo], into: Path) -> None:
-    from ray_stream_llm._report import ByteProgress, progress_enabled
+def _download_all(
+    client: Client, uri: ModelURI, objects: list[ObjectInfo], into: Path, deadline: StoreDeadline
+) -> None:
+    from ray_stream_llm.integrations.progress import ByteProgress, progress_enabled
 
+    if not objects:
+        return
     for obj in objects:
         (into / obj.path).parent.mkdir(parents=True, exist_ok=True)
-    bar = ByteProgress(f"Fetching metadata of {uri}", sum(o.size for o in objects)) if (
-        progress_enabled()) else None
+    bar = (
+        ByteProgress(f"Fetching metadata of {uri}", sum(o.size for o in objects))
+        if (progress_enabled())
+        else None
+    )
     done = 0
     with concurrent.futures.ThreadPoolExecutor(min(_WORKERS, len(objects))) as pool:
-        futures = {pool.submit(_backends.download, client, uri, o, str(into / o.path)): o for o in objects}
+        futures = {
+            pool.submit(stores.download, client, uri, o, str(into / o.path), deadline): o
+            for o in objects
+        }
         try:
             for future in concurrent.futures.as_completed(futures):
                 future.result()
@@ -224,32 +317,3 @@ def _download_all(client: Any, uri: ModelURI, objects: list[_backends.ObjectInfo
         finally:
             if bar is not None:
                 bar.close()
-
-
-def _lock_path(target: Path) -> Path:
-    """The lock for ``target``, kept in the cache root, never in a user's directory."""
-    locks = cache_root() / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    return locks / (hashlib.sha256(str(target).encode()).hexdigest()[:16] + ".lock")
-
-
-def _refuse_foreign_dir(target: Path) -> None:
-    if target.is_dir() and not (target / MARKER).exists() and any(target.iterdir()):
-        raise FileExistsError(
-            f"destination {str(target)!r} exists, is not empty and was not written by "
-            "fetch_model_metadata; give a new or empty directory"
-        )
-
-
-def _replace_dir(staging: Path, target: Path) -> None:
-    """Move ``staging`` to ``target``; an older ``target`` is swapped out, then removed."""
-    _refuse_foreign_dir(target)
-    if target.is_dir() and not (target / MARKER).exists():
-        target.rmdir()  # empty
-    if target.exists():
-        trash = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-        os.rename(target, trash / "old")
-        os.rename(staging, target)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.rename(staging, target)

@@ -1,10 +1,13 @@
 """``inspect_model``: what a model directory in object storage holds, and whether it streams.
 
-One listing, each object classified (:mod:`ray_stream_llm.patterns`), the
-safetensors index checked against the shards present, and every shard's header
-read with two ranged GETs (the 8-byte length, then the JSON header) to check it
-is well formed and that the object is as long as the header says. Weights are
-never downloaded.
+One listing, each object classified (:mod:`ray_stream_llm.patterns`); the JSON
+files the engines and tokenizers will parse (``config.json``, the safetensors
+index, ``tokenizer_config.json``, ``generation_config.json``) read and checked
+the way they will be used; the index checked against the shards present; and
+every shard's header read with two ranged GETs (the 8-byte length, then the JSON
+header) to check it is well formed and that the object is as long as the header
+says. Weights are never downloaded. Every store call is bounded by one
+:class:`~ray_stream_llm.stores.base.StoreDeadline` (``ObjectStoreConfig.timeout_s``).
 """
 
 from __future__ import annotations
@@ -16,13 +19,22 @@ import re
 import struct
 from typing import Any
 
-from ray_stream_llm import _backends
-from ray_stream_llm.errors import ModelNotFoundError, NotStreamableError, UnsafeObjectKeyError
-from ray_stream_llm.patterns import SAFETENSORS_INDEX, FileRole, classify
-from ray_stream_llm.store import ObjectStoreConfig
-from ray_stream_llm.uri import ModelURI, parse_model_uri
+from ray_stream_llm import stores
+from ray_stream_llm.errors import NotStreamableError
+from ray_stream_llm.patterns import (
+    CHECKED_METADATA,
+    SAFETENSORS_INDEX,
+    FileRole,
+    classify,
+    require_metadata,
+)
+from ray_stream_llm.stores import StoreDeadline
+from ray_stream_llm.stores.base import Client
+from ray_stream_llm.stores.settings import ObjectStoreConfig
+from ray_stream_llm.uri import ModelURI, is_safe_relative, parse_model_uri
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
+MAX_METADATA_JSON_BYTES = 16 * 1024 * 1024  # config, index, tokenizer and generation configs
 _SHARDED_RE = re.compile(r"^model-rank-(\d+)-part-(\d+)\.safetensors$")  # vLLM sharded_state
 _CONVERT_HINT = (
     "convert it once to safetensors, e.g. `AutoModelForCausalLM.from_pretrained(dir)"
@@ -33,6 +45,8 @@ _CONVERT_HINT = (
 
 @dataclasses.dataclass(frozen=True)
 class ModelFile:
+    """One object of the model directory and its role."""
+
     path: str  # relative to the model directory
     size: int
     role: FileRole
@@ -96,57 +110,135 @@ def inspect_model(
     set of files per rank.
     """
     model = parse_model_uri(uri)
-    client, listing = _backends.list_model(model, object_store)
+    deadline = StoreDeadline(object_store.timeout_s if object_store is not None else None)
+    client, listing = stores.list_model(model, object_store, deadline)
     for obj in listing:
-        if obj.path.startswith("/") or ".." in obj.path.split("/"):
-            raise UnsafeObjectKeyError(
-                f"object key {obj.key!r} under {str(model)!r} would resolve outside the model "
-                "directory; rename or delete that object in the store"
-            )
+        model.safe_relative(obj.path)
     files = tuple(ModelFile(o.path, o.size, classify(o.path)) for o in listing)
     problems: list[str] = []
-    names = {f.path for f in files}
-    if "config.json" not in names:
-        raise ModelNotFoundError(
-            f"{str(model)!r} has no config.json; point the URI at the model directory itself "
-            "(the folder that holds config.json)"
-        )
+    names = {f.path: f for f in files}
+    require_metadata(str(model), names)
+    for name, check in CHECKED_METADATA.items():
+        if name in names:
+            problems.extend(_check_json(client, model, names[name], check, deadline))
     shards = [f for f in files if f.role is FileRole.STREAMABLE_WEIGHTS]
     others = [f for f in files if f.role is FileRole.OTHER_WEIGHTS]
     if not shards:
         kinds = sorted({f.path.rsplit(".", 1)[-1] for f in others})
         problems.append(
-            f"no *.safetensors weights (found {', '.join('*.' + k for k in kinds)}); {_CONVERT_HINT}"
+            f"no *.safetensors weights (found {', '.join('*.' + k for k in kinds)}); "
+            f"{_CONVERT_HINT}"
             if others
             else f"no weight files at all; {_CONVERT_HINT}"
         )
     if SAFETENSORS_INDEX in names:
-        problems.extend(_check_index(client, model, {f.path for f in shards}))
+        problems.extend(
+            _check_index(
+                client,
+                model,
+                names[SAFETENSORS_INDEX],
+                {f.path for f in shards},
+                set(names),
+                deadline,
+            )
+        )
     if tensor_parallel_size is not None:
         problems.extend(_check_ranks(shards, tensor_parallel_size))
     tensors = 0
     if check_headers and shards:
         with concurrent.futures.ThreadPoolExecutor(min(8, len(shards))) as pool:
-            for count, problem in pool.map(lambda f: _check_header(client, model, f), shards):
+            for count, problem in pool.map(
+                lambda f: _check_header(client, model, f, deadline), shards
+            ):
                 tensors += count
                 if problem:
                     problems.append(problem)
     return ModelManifest(uri=str(model), files=files, problems=tuple(problems), tensors=tensors)
 
 
-def _check_index(client: Any, model: ModelURI, shards: set[str]) -> list[str]:
+def _read_json(
+    client: Client, model: ModelURI, file: ModelFile, deadline: StoreDeadline
+) -> tuple[Any, str | None]:
+    """(parsed value, problem) for a small JSON object of the model directory."""
+    if file.size > MAX_METADATA_JSON_BYTES:
+        return None, (
+            f"{file.path} is {file.size} bytes, more than the {MAX_METADATA_JSON_BYTES} a "
+            "metadata file may have; upload the right file"
+        )
+    raw = stores.read(client, model, file.path, deadline)
     try:
-        index = json.loads(_backends.read(client, model, SAFETENSORS_INDEX))
-        named = set(index["weight_map"].values())
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return [f"{SAFETENSORS_INDEX} is not a valid index (no 'weight_map'); re-save the model"]
-    missing = sorted(named - shards)
-    if missing:
+        return json.loads(raw), None
+    except (ValueError, UnicodeDecodeError) as exc:
+        what = "is empty" if not raw.strip() else f"is not valid JSON ({exc})"
+        return None, f"{file.path} {what}; upload a valid {file.path} (re-save the model)"
+
+
+def _check_json(
+    client: Client, model: ModelURI, file: ModelFile, check: str, deadline: StoreDeadline
+) -> list[str]:
+    """What the engines and tokenizers would fail on when they parse ``file``."""
+    value, problem = _read_json(client, model, file, deadline)
+    if problem:
+        return [problem]
+    if not isinstance(value, dict):
         return [
-            f"{SAFETENSORS_INDEX} names shard(s) missing from the store: {', '.join(missing)}; "
-            "upload them or re-save the model"
+            f"{file.path} holds a JSON {type(value).__name__}, not an object; upload a "
+            f"valid {file.path} (re-save the model)"
+        ]
+    if check == "model" and not (
+        isinstance(value.get("model_type"), str) or isinstance(value.get("architectures"), list)
+    ):
+        return [
+            f"{file.path} has neither 'model_type' nor 'architectures', so transformers "
+            "cannot tell which model it is; upload the model's own config.json"
         ]
     return []
+
+
+def _check_index(
+    client: Client,
+    model: ModelURI,
+    file: ModelFile,
+    shards: set[str],
+    present: set[str],
+    deadline: StoreDeadline,
+) -> list[str]:
+    index, problem = _read_json(client, model, file, deadline)
+    if problem:
+        return [problem]
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        return [
+            f"{SAFETENSORS_INDEX} is not a valid index (no 'weight_map' object); re-save the model"
+        ]
+    bad = sorted({repr(v) for v in weight_map.values() if not isinstance(v, str)})
+    if bad:
+        return [
+            f"{SAFETENSORS_INDEX} maps tensors to non-string file names ({', '.join(bad[:3])}); "
+            "re-save the model"
+        ]
+    named = set(weight_map.values())
+    problems = []
+    unsafe = sorted(n for n in named if not is_safe_relative(n))
+    if unsafe:
+        problems.append(
+            f"{SAFETENSORS_INDEX} names file(s) outside the model directory "
+            f"({', '.join(repr(n) for n in unsafe)}); re-save the model"
+        )
+    safe = named - set(unsafe)
+    other = sorted(n for n in safe if classify(n) is not FileRole.STREAMABLE_WEIGHTS)
+    if other:
+        problems.append(
+            f"{SAFETENSORS_INDEX} names non-safetensors file(s) {', '.join(other)}; the "
+            f"streamer reads only *.safetensors: {_CONVERT_HINT}"
+        )
+    missing = sorted(n for n in safe - set(other) if n not in shards)
+    if missing:
+        problems.append(
+            f"{SAFETENSORS_INDEX} names shard(s) missing from the store: {', '.join(missing)}; "
+            "upload them or re-save the model"
+        )
+    return problems
 
 
 def _check_ranks(shards: list[ModelFile], tp: int) -> list[str]:
@@ -166,23 +258,37 @@ def _check_ranks(shards: list[ModelFile], tp: int) -> list[str]:
     return []
 
 
-def _check_header(client: Any, model: ModelURI, shard: ModelFile) -> tuple[int, str | None]:
+def _check_header(
+    client: Client, model: ModelURI, shard: ModelFile, deadline: StoreDeadline
+) -> tuple[int, str | None]:
     """(tensor count, problem) for one shard, from two ranged GETs."""
     name = shard.path
     if shard.size < 8:
         return 0, f"{name} is {shard.size} bytes, too short to be safetensors; upload it again"
-    (length,) = struct.unpack("<Q", _backends.read(client, model, name, 0, 7))
+    (length,) = struct.unpack("<Q", stores.read(client, model, name, deadline, 0, 7))
     if length == 0 or length > MAX_HEADER_BYTES or 8 + length > shard.size:
         return 0, (
             f"{name} has a header length of {length} bytes, impossible for a {shard.size}-byte "
             "object: it is truncated or not safetensors; upload it again"
         )
+    raw = stores.read(client, model, name, deadline, 8, 7 + length)
     try:
-        header = json.loads(_backends.read(client, model, name, 8, 7 + length))
+        header = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return 0, f"{name}: the safetensors header is not valid JSON; upload it again"
+    if not isinstance(header, dict):
+        return 0, (
+            f"{name}: the safetensors header is a JSON {type(header).__name__}, not an "
+            "object; upload it again"
+        )
+    try:
         spans = [v["data_offsets"] for k, v in header.items() if k != "__metadata__"]
         data_end = max((int(end) for _, end in spans), default=0)
     except (ValueError, KeyError, TypeError, AttributeError):
-        return 0, f"{name}: the safetensors header is not valid JSON; upload it again"
+        return 0, (
+            f"{name}: the safetensors header has a tensor without valid "
+            "'data_offsets'; upload it again"
+        )
     if 8 + length + data_end != shard.size:
         return len(spans), (
             f"{name} is {shard.size} bytes but its header describes {8 + length + data_end}: "

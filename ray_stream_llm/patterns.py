@@ -18,6 +18,8 @@ import fnmatch
 import posixpath
 from collections.abc import Iterable
 
+from ray_stream_llm.errors import ModelNotFoundError
+
 # Weight files in every format we know of, at any depth. Never fetched.
 WEIGHT_PATTERNS: tuple[str, ...] = (
     "*.safetensors",  # what the Run:ai streamer reads
@@ -69,6 +71,15 @@ REQUIRED_METADATA: tuple[str, ...] = ("config.json",)
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 
+# Metadata the driver parses before any actor starts, as the engines and tokenizers
+# will: "model" must name the model (model_type or architectures), "object" must be
+# a JSON object. The index has checks of its own.
+CHECKED_METADATA: dict[str, str] = {
+    "config.json": "model",
+    "tokenizer_config.json": "object",
+    "generation_config.json": "object",
+}
+
 
 class FileRole(str, enum.Enum):
     """What a file of a model directory is for."""
@@ -115,7 +126,21 @@ def is_weight_file(path: str) -> bool:
 def select_metadata(paths: Iterable[str]) -> list[str]:
     """The metadata files among ``paths``, sorted.
 
-    >>> select_metadata(["model.safetensors", "config.json", "README.md", "original/tokenizer.model"])
+    >>> select_metadata(["model.safetensors", "config.json", "original/tokenizer.model"])
     ['config.json']
     """
     return sorted(p for p in paths if classify(p) is FileRole.METADATA)
+
+
+def require_metadata(
+    uri: str, paths: Iterable[str], required: Iterable[str] = REQUIRED_METADATA
+) -> None:
+    """Raise :class:`ModelNotFoundError` naming ``uri`` when a file the model cannot be
+    loaded without is not among ``paths``."""
+    present = set(paths)
+    missing = [name for name in required if name not in present]
+    if missing:
+        raise ModelNotFoundError(
+            f"{uri!r} has no {', '.join(missing)}; point the URI at the model directory "
+            "itself (the folder that holds config.json)"
+        )

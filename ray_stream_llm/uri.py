@@ -1,25 +1,23 @@
 """Parse and normalise object-store model URIs.
 
-One table of schemes: what the Run:ai streamer reads (``s3://``, ``gs://``,
-``az://``), and the spellings users try that it does not read, each with the
-form to use instead. A model URI always names a "directory": with or without a
-trailing slash it means the same model, and the normalised form ends in ``/``
-so that ``s3://b/llama`` never also matches ``s3://b/llama-2/``.
+The schemes the Run:ai streamer reads are the keys of the store registry
+(:data:`ray_stream_llm.stores.base.BACKENDS`); here are the spellings users try
+that it does not read, each with the form to use instead. A model URI always
+names a "directory": with or without a trailing slash it means the same model,
+and the normalised form ends in ``/`` so that ``s3://b/llama`` never also
+matches ``s3://b/llama-2/``. Object keys become local paths only through the one
+key-safety rule, :meth:`ModelURI.safe_relative`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 import re
 
-# scheme -> (package that backs it in the streamer, pip line)
-STREAMABLE_SCHEMES: dict[str, tuple[str, str]] = {
-    "s3": ("runai_model_streamer_s3", "pip install 'runai-model-streamer[s3]==0.17.1'"),
-    "gs": ("runai_model_streamer_gcs", "pip install 'runai-model-streamer[gcs]==0.17.1'"),
-    # runai-model-streamer[azure]==0.17.1 asks for runai-model-streamer-azure==0.17.1, which the
-    # package index does not have; 0.17.0 streams with the 0.17.1 streamer (tests/test_azure.py)
-    "az": ("runai_model_streamer_azure", "pip install runai-model-streamer-azure==0.17.0"),
-}
+from ray_stream_llm.errors import InvalidModelURIError, UnsafeObjectKeyError
+from ray_stream_llm.redact import redact
+from ray_stream_llm.stores.base import BACKENDS
 
 # Schemes that look right but the streamer does not read: the fix for each.
 _REFUSED_SCHEMES: dict[str, str] = {
@@ -44,12 +42,6 @@ _URI_ATTEMPT_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:(?!\\)")
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,221}[a-z0-9]$")
 
 
-def _redact(text: str) -> str:
-    """Drop a query string (a signed URL's signature lives there) and user info."""
-    text = text.split("?", 1)[0].split("#", 1)[0]
-    return re.sub(r"(^|//)[^/@]*@", r"\1***@", text)
-
-
 @dataclasses.dataclass(frozen=True)
 class ModelURI:
     """A normalised object-store location of a model directory."""
@@ -69,12 +61,36 @@ class ModelURI:
         """The path of an object key relative to the model directory."""
         if not key.startswith(self.prefix):
             raise ValueError(f"object key {key!r} is not under {str(self)!r}")
-        return key[len(self.prefix):]
+        return key[len(self.prefix) :]
+
+    def safe_relative(self, path: str) -> str:
+        """``path`` if, written under a local directory, it stays inside it; else an
+        :class:`UnsafeObjectKeyError` naming the object. The one key-safety rule: no
+        absolute path, no '..' or '.' segment, no empty segment ('//'), no '\\', no NUL.
+
+        >>> ModelURI("s3", "b", "m/").safe_relative("sub/config.json")
+        'sub/config.json'
+        """
+        if not is_safe_relative(path):
+            raise UnsafeObjectKeyError(
+                f"object key {self.key(path)!r} under {str(self)!r} would be written outside "
+                "the model directory (absolute path, '..', '.', '//', '\\' or NUL); rename "
+                "or delete that object in the store"
+            )
+        return path
 
 
-def is_object_store_uri(value: object) -> bool:
-    """Whether ``value`` is a string with a URI scheme (``xx://``)."""
-    return isinstance(value, str) and _URI_RE.match(value) is not None
+def is_safe_relative(path: str) -> bool:
+    """Whether ``path`` is a plain relative POSIX path that stays where it is written."""
+    return bool(
+        path
+        and not path.startswith("/")
+        and "\\" not in path
+        and "\x00" not in path
+        and posixpath.normpath(path) == path
+        and path != ".."
+        and not path.startswith("../")
+    )
 
 
 def looks_like_uri(value: object) -> bool:
@@ -93,49 +109,48 @@ def parse_model_uri(uri: str) -> ModelURI:
     >>> parse_model_uri("s3://models/llama/") == parse_model_uri("s3://models/llama")
     True
     """
-    from ray_stream_llm.errors import InvalidModelURIError
-
     if not isinstance(uri, str) or not uri.strip():
         raise InvalidModelURIError(
-            f"model URI must be a non-empty string like 's3://bucket/path/to/model/', got {uri!r}"
+            "model URI must be a non-empty string like 's3://bucket/path/to/model/', "
+            f"got {redact(uri) if isinstance(uri, str) else type(uri).__name__!r}"
         )
     match = _URI_RE.match(uri.strip())
     if match is None:
         raise InvalidModelURIError(
-            f"model URI {_redact(uri)!r} is malformed (no 'scheme://'); write it as "
+            f"model URI {redact(uri)!r} is malformed (no 'scheme://'); write it as "
             "'s3://bucket/path/to/model/' (or gs://, az://)"
         )
     scheme, rest = match["scheme"].lower(), match["rest"]
     if scheme in _REFUSED_SCHEMES:
         raise InvalidModelURIError(
-            f"model URI {_redact(uri)!r}: scheme {scheme + '://'!r} is not read by the "
-            f"Run:ai streamer; {_REFUSED_SCHEMES[scheme].format(rest=_redact(rest))}"
+            f"model URI {redact(uri)!r}: scheme {scheme + '://'!r} is not read by the "
+            f"Run:ai streamer; {_REFUSED_SCHEMES[scheme].format(rest=redact(rest))}"
         )
-    if scheme not in STREAMABLE_SCHEMES:
+    if scheme not in BACKENDS:
         raise InvalidModelURIError(
-            f"model URI {_redact(uri)!r}: unsupported scheme {scheme + '://'!r}; "
-            f"use one of {', '.join(s + '://' for s in STREAMABLE_SCHEMES)}"
+            f"model URI {redact(uri)!r}: unsupported scheme {scheme + '://'!r}; "
+            f"use one of {', '.join(s + '://' for s in BACKENDS)}"
         )
     if "?" in rest or "#" in rest:
         raise InvalidModelURIError(
-            f"model URI {_redact(uri)!r} has a query or fragment; give the plain "
+            f"model URI {redact(uri)!r} has a query or fragment; give the plain "
             f"'{scheme}://bucket/path/' and put credentials in the settings, not the URI"
         )
     bucket, _, path = rest.partition("/")
     if not _BUCKET_RE.match(bucket) or ".." in bucket:
         raise InvalidModelURIError(
-            f"model URI {uri!r}: {bucket!r} is not a valid bucket name "
+            f"model URI {redact(uri)!r}: {redact(bucket)!r} is not a valid bucket name "
             "(3-63 lowercase letters, digits, '.', '-'); write it as "
             f"'{scheme}://bucket/path/to/model/'"
         )
     parts = [p for p in path.split("/") if p]
     if any(p in (".", "..") for p in parts):
         raise InvalidModelURIError(
-            f"model URI {uri!r} contains '.' or '..' path segments; give the plain prefix"
+            f"model URI {redact(uri)!r} contains '.' or '..' path segments; give the plain prefix"
         )
     if "//" in path.rstrip("/"):
         raise InvalidModelURIError(
-            f"model URI {uri!r} contains an empty path segment ('//'); remove it"
+            f"model URI {redact(uri)!r} contains an empty path segment ('//'); remove it"
         )
     prefix = "/".join(parts) + "/" if parts else ""
     return ModelURI(scheme=scheme, bucket=bucket, prefix=prefix)

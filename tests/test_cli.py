@@ -12,18 +12,27 @@ from pathlib import Path
 
 import pytest
 
+from ray_stream_llm.tools.isolated import isolated_env
+
+pytestmark = [pytest.mark.s3]
+
 CLI = [sys.executable, "-m", "ray_stream_llm.cli"]
 
 
 def _cli(args, env, timeout=120, cwd=None):
-    return subprocess.run(CLI + args, env=env, capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd)
+    return subprocess.run(
+        CLI + args, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd
+    )
 
 
 @pytest.fixture
 def env(s3_server, tmp_path):
-    return {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home"),
-            "RAY_STREAM_LLM_CACHE": str(tmp_path / "cache"), **s3_server.env()}
+    return {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path / "home"),
+        "RAY_STREAM_LLM_CACHE": str(tmp_path / "cache"),
+        **s3_server.env(),
+    }
 
 
 @pytest.mark.parametrize("command", ["inspect", "fetch-metadata", "run", "demo", "bench"])
@@ -37,8 +46,11 @@ def test_inspect_table_and_json(tiny_models, env):
     table = _cli(["inspect", model.uri], env)
     assert table.returncode == 0, table.stderr
     assert "streamable: yes" in table.stdout
-    lines = {line.split()[0]: line.split()[-1] for line in table.stdout.splitlines()[1:]
-             if line.startswith("  ")}
+    lines = {
+        line.split()[0]: line.split()[-1]
+        for line in table.stdout.splitlines()[1:]
+        if line.startswith("  ")
+    }
     assert lines["model.safetensors"] == "streamable_weights"
     assert lines["pytorch_model.bin"] == "other_weights"
     assert lines["original/consolidated.00.pth"] == "other_weights"
@@ -48,7 +60,8 @@ def test_inspect_table_and_json(tiny_models, env):
     assert manifest["streamable"] is True and manifest["problems"] == []
     files = {f["path"]: f for f in manifest["files"]}
     assert set(files) == {p for p in model.metadata | model.weights} | {
-        f for f in files if files[f]["role"] == "other"}
+        f for f in files if files[f]["role"] == "other"
+    }
     size = (model.local / "model.safetensors").stat().st_size
     assert manifest["weight_bytes"] == size
 
@@ -67,9 +80,14 @@ def test_inspect_not_streamable_exits_1_with_the_reason(s3_server, tiny_models, 
         (["inspect", "s3:/models/x"], "InvalidModelURIError"),
         (["inspect", "s3://no-such-bucket/m/"], "ModelNotFoundError"),
         (["fetch-metadata", "s3a://models/x/"], "use s3://models/x/"),
-        (["inspect", "s3://models/tiny/single/", "--endpoint-url", "minio:9000"], "invalid endpoint_url"),
-        (["run", "s3://models/tiny/single/", "missing.jsonl", "--column", "q", "--output", "o"],
-         "does not exist"),
+        (
+            ["inspect", "s3://models/tiny/single/", "--endpoint-url", "minio:9000"],
+            "invalid endpoint_url",
+        ),
+        (
+            ["run", "s3://models/tiny/single/", "missing.jsonl", "--column", "q", "--output", "o"],
+            "does not exist",
+        ),
     ],
 )
 def test_bad_input_one_line_no_traceback(args, fragment, env, tiny_models, tmp_path):
@@ -95,29 +113,42 @@ def test_run_jsonl_to_parquet_keeps_input_columns(tiny_models, s3_server):
     column come back unchanged, every row with generated text."""
     import pyarrow.parquet as pq
 
-    from ray_stream_llm._shm import orphaned_segments
+    from ray_stream_llm.integrations.shm import orphaned_segments
 
     work = Path(tempfile.mkdtemp(prefix="rsl-cli-", dir="/tmp"))  # short: Ray socket paths
     started = work.stat().st_mtime - 1
     try:
         rows = [{"prompt": f"hello world {i}", "id": i} for i in range(5)]
         (work / "in.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-        env = {"PATH": os.environ["PATH"], "HOME": str(work / "home"), "TMPDIR": str(work),
-               "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
-               "VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": "1",
-               "VLLM_RPC_BASE_PATH": str(work), "TORCHINDUCTOR_CACHE_DIR": str(work / "ind"),
-               **s3_server.env()}
-        proc = _cli(["run", tiny_models["single"].uri, str(work / "in.jsonl"), "--column", "prompt",
-                     "--output", str(work / "out"), "--max-tokens", "4",
-                     "--engine-kwarg", "enforce_eager=true", "--engine-kwarg", "dtype=bfloat16"],
-                    env, timeout=600)
+        env = isolated_env(work, s3_server.env())
+        proc = _cli(
+            [
+                "run",
+                tiny_models["single"].uri,
+                str(work / "in.jsonl"),
+                "--column",
+                "prompt",
+                "--output",
+                str(work / "out"),
+                "--max-tokens",
+                "4",
+                "--engine-kwarg",
+                "enforce_eager=true",
+                "--engine-kwarg",
+                "dtype=bfloat16",
+            ],
+            env,
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "rows: 5/5" in proc.stdout
         size = (tiny_models["single"].local / "model.safetensors").stat().st_size
         assert f"engine 1: Engine ready for {tiny_models['single'].uri}" in proc.stdout
         assert f"weights 1 safetensors files, {size} bytes streamed" in proc.stdout
         table = pq.read_table(work / "out").to_pylist()
-        assert sorted((r["id"], r["prompt"]) for r in table) == [(r["id"], r["prompt"]) for r in rows]
+        assert sorted((r["id"], r["prompt"]) for r in table) == [
+            (r["id"], r["prompt"]) for r in rows
+        ]
         assert all(r["generated_text"] and r["num_generated_tokens"] == 4 for r in table)
         assert orphaned_segments(started) == []  # the engine's shared memory was released
     finally:
@@ -130,13 +161,31 @@ def test_bench_prints_the_table_and_writes_perf_metrics():
     both cold starts, the throughput pair and the metadata fetches."""
     work = Path(tempfile.mkdtemp(prefix="rsl-bench-", dir="/tmp"))
     try:
-        env = {"PATH": os.environ["PATH"], "HOME": str(work / "home"),
-               "RAY_STREAM_LLM_CACHE": str(work / "cache")}
-        proc = _cli(["bench", "--repeat", "1", "--layers", "2", "--workdir", str(work / "w"),
-                     "--json", str(work / "out.json")], env, timeout=900)
+        env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(work / "home"),
+            "RAY_STREAM_LLM_CACHE": str(work / "cache"),
+        }
+        proc = _cli(
+            [
+                "bench",
+                "--repeat",
+                "1",
+                "--layers",
+                "2",
+                "--workdir",
+                str(work / "w"),
+                "--json",
+                str(work / "out.json"),
+            ],
+            env,
+            timeout=900,
+        )
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-        metrics = {m["perf_metric_name"]: m["perf_metric_value"]
-                   for m in json.loads((work / "out.json").read_text())["perf_metrics"]}
+        metrics = {
+            m["perf_metric_name"]: m["perf_metric_value"]
+            for m in json.loads((work / "out.json").read_text())["perf_metrics"]
+        }
         for name in metrics:  # every figure is a row of the printed table
             assert any(line.startswith(name + " ") for line in proc.stdout.splitlines()), name
         assert {f"metadata.{n}_shards.seconds" for n in (1, 10, 100)} <= set(metrics)
@@ -146,7 +195,10 @@ def test_bench_prints_the_table_and_writes_perf_metrics():
         # ignore_eos: every row generates exactly the fixed number of tokens
         assert streamed["generated_tokens"] == downloaded["generated_tokens"] == 8 * 16
         # the downloaded run wrote the weights to local disk, the streamed one only metadata
-        model_bytes = sum(p.stat().st_size for p in (work / "cache" / "bench" / "llama-1gib").glob("*.safetensors"))
+        model_bytes = sum(
+            p.stat().st_size
+            for p in (work / "cache" / "bench" / "llama-1gib").glob("*.safetensors")
+        )
         assert downloaded["disk_bytes_written"] >= model_bytes
         assert streamed["disk_bytes_written"] < 16 << 20
         assert run["throughput"]["bytes"] == model_bytes and run["throughput"]["ratio"] > 0

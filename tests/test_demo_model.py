@@ -6,7 +6,11 @@ import json
 import struct
 from pathlib import Path
 
-from ray_stream_llm.demo_model import DEMO_MODEL_NAME, MARKER_NAME, ensure_demo_model
+import pytest
+
+from ray_stream_llm.tools.demo_model import DEMO_MODEL_NAME, MARKER_NAME, ensure_demo_model
+
+pytestmark = [pytest.mark.s3]
 
 
 def _safetensors_tensor_bytes(path: Path) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ray_stream_llm._reference import END, START, render
+from ray_stream_llm.tools.reference import END, START, render
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -14,7 +14,7 @@ def test_config_reference_matches_the_code():
     assert START in text and END in text
     assert render(text) == text, (
         "README.md's configuration reference is out of date: "
-        "run `.venv/bin/python -m ray_stream_llm._reference --write README.md`"
+        "run `.venv/bin/python -m ray_stream_llm.tools.reference --write README.md`"
     )
 
 

@@ -20,10 +20,8 @@ import json
 import os
 import re
 import runpy
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -34,11 +32,13 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
-from test_e2e import _weight_files
+from helpers.jobs import weight_files_written
 
-from ray_stream_llm._localstore import LocalS3Server, _free_ports
-from ray_stream_llm._shm import orphaned_segments, remove_orphaned_segments
-from ray_stream_llm.job import LOCAL_ENV
+from ray_stream_llm.integrations.shm import orphaned_segments, remove_orphaned_segments
+from ray_stream_llm.tools.isolated import isolated_env
+from ray_stream_llm.tools.localstore import LocalS3Server, _free_ports
+
+pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 
 REPO = Path(__file__).resolve().parents[1]
 JOB_DIR = REPO / "examples" / "job_submission"
@@ -49,28 +49,10 @@ MAX_TOKENS = 4  # the tiny model answers with random tokens: keep it short
 
 
 # --- helpers -------------------------------------------------------------------------------
-@pytest.fixture
-def work() -> Iterator[Path]:
-    """A short directory under /tmp for HOME, TMPDIR, caches and Ray's session dir."""
-    path = Path(tempfile.mkdtemp(prefix="rsl-ex-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def _isolated_env(work: Path) -> dict[str, str]:
-    """A process environment with no AWS variable and every user-level path inside ``work``."""
-    dirs = {name: work / name for name in ("home", "tmp", "rpc", "inductor")}
-    for d in dirs.values():
-        d.mkdir(parents=True, exist_ok=True)
-    return {
-        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",  # `python` and `ray`: the venv's
-        "LANG": "C.UTF-8",
-        "HOME": str(dirs["home"]),
-        "TMPDIR": str(dirs["tmp"]),
-        **LOCAL_ENV,  # loopback only, no usage stats, offline
-        "VLLM_RPC_BASE_PATH": str(dirs["rpc"]),
-        "TORCHINDUCTOR_CACHE_DIR": str(dirs["inductor"]),
-    }
+    """A process environment with no AWS variable and every user-level path inside ``work``;
+    `python` and `ray` on PATH are the venv's."""
+    return isolated_env(work, {"PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"})
 
 
 def _processes(markers: list[str]) -> list[psutil.Process]:
@@ -131,12 +113,15 @@ def _stop_by_pid(procs: list[psutil.Process], grace: float = 10.0) -> list[str]:
 
 def _reads(server: LocalS3Server, prefix: str, since: int) -> set[str]:
     """Objects under ``prefix`` the server sent since request number ``since``."""
-    return {r.uri.removeprefix(prefix) for r in server.served()[since:]
-            if r.method == "GET" and r.status in (200, 206) and r.uri.startswith(prefix)}
+    return {
+        r.uri.removeprefix(prefix)
+        for r in server.served()[since:]
+        if r.method == "GET" and r.status in (200, 206) and r.uri.startswith(prefix)
+    }
 
 
 def _check_clean_disk(work: Path, start: float) -> None:
-    written = _weight_files([work, Path("/dev/shm")], start)
+    written = weight_files_written([work, Path("/dev/shm")], start)
     assert written == {}, f"weight files written to local disk: {written}"
     leaked = [p.name for p in orphaned_segments(start - 1)]
     remove_orphaned_segments(start - 1, wait=0)  # keep the machine clean either way
@@ -146,8 +131,9 @@ def _check_clean_disk(work: Path, start: float) -> None:
 def _load_entrypoint() -> SimpleNamespace:
     """examples/job_submission/entrypoint.py's names (its __main__ guard: nothing runs),
     without writing bytecode into the folder that `ray job submit` uploads."""
-    return SimpleNamespace(**runpy.run_path(str(JOB_DIR / "entrypoint.py"),
-                                            run_name="rsl_example_entrypoint"))
+    return SimpleNamespace(
+        **runpy.run_path(str(JOB_DIR / "entrypoint.py"), run_name="rsl_example_entrypoint")
+    )
 
 
 # --- a Ray head of our own ------------------------------------------------------------------
@@ -159,35 +145,59 @@ class RayHead:
     def __init__(self, work: Path, env: dict[str, str]) -> None:
         self.env = env
         self.temp_dir = work / "ray"
-        (self.gcs_port, self.dashboard_port, client, agent_http, agent_grpc, runtime_env_agent,
-         metrics, node_manager, object_manager) = _free_ports(9)
+        (
+            self.gcs_port,
+            self.dashboard_port,
+            client,
+            agent_http,
+            agent_grpc,
+            runtime_env_agent,
+            metrics,
+            node_manager,
+            object_manager,
+        ) = _free_ports(9)
         self.address = f"127.0.0.1:{self.gcs_port}"
         self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
         self.cmd = [
-            str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1",
-            f"--port={self.gcs_port}", "--num-cpus=2", "--include-dashboard=true",
-            "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
-            f"--temp-dir={self.temp_dir}", f"--ray-client-server-port={client}",
+            str(BIN / "ray"),
+            "start",
+            "--head",
+            "--node-ip-address=127.0.0.1",
+            f"--port={self.gcs_port}",
+            "--num-cpus=2",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={self.dashboard_port}",
+            f"--temp-dir={self.temp_dir}",
+            f"--ray-client-server-port={client}",
             f"--dashboard-agent-listen-port={agent_http}",
             f"--dashboard-agent-grpc-port={agent_grpc}",
-            f"--runtime-env-agent-port={runtime_env_agent}", f"--metrics-export-port={metrics}",
-            f"--node-manager-port={node_manager}", f"--object-manager-port={object_manager}",
-            f"--object-store-memory={512 * 1024 * 1024}", "--disable-usage-stats",
+            f"--runtime-env-agent-port={runtime_env_agent}",
+            f"--metrics-export-port={metrics}",
+            f"--node-manager-port={node_manager}",
+            f"--object-manager-port={object_manager}",
+            f"--object-store-memory={512 * 1024 * 1024}",
+            "--disable-usage-stats",
         ]
         self.start_output = ""
 
     def _log_tail(self, name: str, lines: int = 30) -> str:
         path = self.temp_dir / "session_latest" / "logs" / name
         try:
-            return f"--- {name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+            return f"--- {name}\n" + "\n".join(
+                path.read_text(errors="replace").splitlines()[-lines:]
+            )
         except OSError:
             return f"--- {name}: none"
 
     def start(self) -> None:
-        proc = subprocess.run(self.cmd, env=self.env, capture_output=True, text=True, timeout=180,
-                              check=False)
+        proc = subprocess.run(
+            self.cmd, env=self.env, capture_output=True, text=True, timeout=180, check=False
+        )
         self.start_output = proc.stdout + proc.stderr
-        assert proc.returncode == 0, f"ray start failed ({proc.returncode}):\n{self.start_output[-4000:]}"
+        assert proc.returncode == 0, (
+            f"ray start failed ({proc.returncode}):\n{self.start_output[-4000:]}"
+        )
         deadline, last = time.monotonic() + 90, None
         while time.monotonic() < deadline:  # the Jobs API is served by the dashboard
             try:
@@ -197,10 +207,14 @@ class RayHead:
             except (urllib.error.URLError, OSError) as exc:
                 last = exc
             time.sleep(1)
-        pytest.fail(f"the Ray dashboard (needed by `ray job submit`) did not answer on "
-                    f"{self.dashboard_url} within 90 s: {last!r}\n"
-                    + "\n".join(self._log_tail(n) for n in ("dashboard.log", "dashboard.err",
-                                                            "dashboard_JobHead.err")))
+        pytest.fail(
+            f"the Ray dashboard (needed by `ray job submit`) did not answer on "
+            f"{self.dashboard_url} within 90 s: {last!r}\n"
+            + "\n".join(
+                self._log_tail(n)
+                for n in ("dashboard.log", "dashboard.err", "dashboard_JobHead.err")
+            )
+        )
 
     def processes(self) -> list[psutil.Process]:
         return _processes([str(self.temp_dir), self.address])
@@ -216,9 +230,14 @@ class RayHead:
         return killed
 
     def job(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(BIN / "ray"), "job", *args, "--address", self.dashboard_url],
-                              env=self.env, capture_output=True, text=True, timeout=timeout,
-                              check=False)
+        return subprocess.run(
+            [str(BIN / "ray"), "job", *args, "--address", self.dashboard_url],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
 
 
 @pytest.fixture
@@ -242,9 +261,12 @@ def _filled_runtime_env(server: LocalS3Server, into: Path) -> Path:
     # as shipped, working_dir is relative to the repository root, where the README runs it
     assert (REPO / shipped["working_dir"] / "entrypoint.py").is_file(), shipped["working_dir"]
     env_vars = dict(shipped["env_vars"])
-    fill = {"AWS_ENDPOINT_URL": server.endpoint_url, "AWS_REGION": server.region,
-            "AWS_ACCESS_KEY_ID": server.access_key_id,
-            "AWS_SECRET_ACCESS_KEY": server.secret_access_key}
+    fill = {
+        "AWS_ENDPOINT_URL": server.endpoint_url,
+        "AWS_REGION": server.region,
+        "AWS_ACCESS_KEY_ID": server.access_key_id,
+        "AWS_SECRET_ACCESS_KEY": server.secret_access_key,
+    }
     assert set(fill) <= set(env_vars), sorted(env_vars)
     env_vars.update(fill)
     left = {k: v for k, v in env_vars.items() if PLACEHOLDER.search(str(v))}
@@ -262,8 +284,15 @@ def test_job_entrypoint_store_settings(monkeypatch):
     from ray_stream_llm import ObjectStoreConfig
 
     entry = _load_entrypoint()
-    for name in ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                 "RAY_JOB_CONFIG_JSON_ENV_VAR", "RSL_MODEL_URI", "RSL_OUTPUT_DIR"):
+    for name in (
+        "AWS_ENDPOINT_URL",
+        "AWS_REGION",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "RAY_JOB_CONFIG_JSON_ENV_VAR",
+        "RSL_MODEL_URI",
+        "RSL_OUTPUT_DIR",
+    ):
         monkeypatch.delenv(name, raising=False)
     args = entry.parse_args(["s3://m/x/", "/tmp/out"])
     assert entry.object_store_from(args) is None  # the environment is all there is
@@ -273,18 +302,31 @@ def test_job_entrypoint_store_settings(monkeypatch):
     shipped = yaml.safe_load((JOB_DIR / "runtime_env.yaml").read_text())["env_vars"]
     for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.setenv(name, shipped[name])
-    with pytest.raises(SystemExit, match="AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY"):
+    with pytest.raises(
+        SystemExit, match="AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY"
+    ):
         entry.object_store_from(args)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKEXAMPLE")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
     monkeypatch.delenv("AWS_ENDPOINT_URL")
     # endpoint and region as arguments: an ObjectStoreConfig, path style for an IP endpoint
-    args = entry.parse_args(["s3://m/x/", "/tmp/out", "--endpoint-url", "http://127.0.0.1:9000",
-                             "--region", "eu-west-1"])
+    args = entry.parse_args(
+        [
+            "s3://m/x/",
+            "/tmp/out",
+            "--endpoint-url",
+            "http://127.0.0.1:9000",
+            "--region",
+            "eu-west-1",
+        ]
+    )
     store = entry.object_store_from(args)
     assert isinstance(store, ObjectStoreConfig)
     assert (store.endpoint_url, store.region_name, store.aws_access_key_id) == (
-        "http://127.0.0.1:9000", "eu-west-1", None)  # keys: from the environment only
+        "http://127.0.0.1:9000",
+        "eu-west-1",
+        None,
+    )  # keys: from the environment only
     assert store.resolved_addressing_style() == "path"
     # ... and also in the job's runtime_env: refused before Ray's own, secret-printing error
     job = {"runtime_env": {"env_vars": {"AWS_REGION": "eu-west-1", "AWS_SECRET_ACCESS_KEY": "s"}}}
@@ -309,15 +351,38 @@ def test_job_submission_example(s3_server, tiny_models, work, ray_head, tmp_path
     submission_id = f"rsl-example-{uuid.uuid4().hex[:8]}"
     before, start = len(s3_server.served()), time.time()
 
-    cmd = [str(BIN / "ray"), "job", "submit", "--address", ray_head.dashboard_url,
-           "--submission-id", submission_id, "--runtime-env", str(runtime_env),
-           "--working-dir", str(JOB_DIR.relative_to(REPO)), "--",
-           "python", "entrypoint.py", model.uri, str(out), "--max-tokens", str(MAX_TOKENS)]
+    cmd = [
+        str(BIN / "ray"),
+        "job",
+        "submit",
+        "--address",
+        ray_head.dashboard_url,
+        "--submission-id",
+        submission_id,
+        "--runtime-env",
+        str(runtime_env),
+        "--working-dir",
+        str(JOB_DIR.relative_to(REPO)),
+        "--",
+        "python",
+        "entrypoint.py",
+        model.uri,
+        str(out),
+        "--max-tokens",
+        str(MAX_TOKENS),
+    ]
     # from the repository root, as the README says; waits for the job, tailing its logs,
     # and exits 1 when the job fails
     try:
-        proc = subprocess.run(cmd, env=ray_head.env, cwd=REPO, capture_output=True, text=True,
-                              timeout=480, check=False)
+        proc = subprocess.run(
+            cmd,
+            env=ray_head.env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=480,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         logs = ray_head.job("logs", submission_id).stdout
         pytest.fail(f"the job did not finish in 480 s; its logs:\n{logs[-6000:]}")
@@ -325,7 +390,9 @@ def test_job_submission_example(s3_server, tiny_models, work, ray_head, tmp_path
     info = JobSubmissionClient(ray_head.dashboard_url).get_job_info(submission_id)
     logs = ray_head.job("logs", submission_id).stdout
     (tmp_path / "job.log").write_text(logs)  # kept by pytest, for a look afterwards
-    assert proc.returncode == 0, f"ray job submit exited {proc.returncode}:\n{submit_output[-6000:]}"
+    assert proc.returncode == 0, (
+        f"ray job submit exited {proc.returncode}:\n{submit_output[-6000:]}"
+    )
     assert info.status == JobStatus.SUCCEEDED, (info.status, info.message, logs[-4000:])
     assert re.search(rf"^ROWS {len(questions)}$", logs, re.MULTILINE), logs[-4000:]
 
@@ -339,8 +406,10 @@ def test_job_submission_example(s3_server, tiny_models, work, ray_head, tmp_path
     # weight file of any format reached local disk (HOME, TMPDIR and Ray's session are in work)
     assert "model.safetensors" in _reads(s3_server, model.uri, before)
     _check_clean_disk(work, start)
-    print(f"\njob: {len(rows)} rows, {time.time() - start:.1f}s from submission "
-          f"({(info.end_time - info.start_time) / 1000:.1f}s as a Ray job)")
+    print(
+        f"\njob: {len(rows)} rows, {time.time() - start:.1f}s from submission "
+        f"({(info.end_time - info.start_time) / 1000:.1f}s as a Ray job)"
+    )
 
 
 # --- examples/notebook.ipynb ----------------------------------------------------------------
@@ -349,8 +418,9 @@ def _notebook_questions(nb) -> list[str]:
         if cell.cell_type != "code":
             continue
         for node in ast.parse(cell.source).body:
-            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "QUESTIONS"
-                                                    for t in node.targets):
+            if isinstance(node, ast.Assign) and any(
+                getattr(t, "id", None) == "QUESTIONS" for t in node.targets
+            ):
                 return ast.literal_eval(node.value)
     raise AssertionError("the notebook defines no QUESTIONS list")
 
@@ -374,9 +444,12 @@ def test_notebook_example(s3_server, tiny_models, work, monkeypatch, tmp_path):
     from nbclient import NotebookClient
 
     model = tiny_models["single"]
-    jupyter = {"JUPYTER_RUNTIME_DIR": work / "jupyter" / "runtime",
-               "JUPYTER_DATA_DIR": work / "jupyter" / "data",
-               "JUPYTER_CONFIG_DIR": work / "jupyter" / "config", "IPYTHONDIR": work / "ipython"}
+    jupyter = {
+        "JUPYTER_RUNTIME_DIR": work / "jupyter" / "runtime",
+        "JUPYTER_DATA_DIR": work / "jupyter" / "data",
+        "JUPYTER_CONFIG_DIR": work / "jupyter" / "config",
+        "IPYTHONDIR": work / "ipython",
+    }
     for name, path in jupyter.items():
         path.mkdir(parents=True, exist_ok=True)
         monkeypatch.setenv(name, str(path))  # the kernel's connection file: here, not in ~
@@ -384,22 +457,26 @@ def test_notebook_example(s3_server, tiny_models, work, monkeypatch, tmp_path):
         **_isolated_env(work),
         **{name: str(path) for name, path in jupyter.items()},
         "PYDEVD_DISABLE_FILE_VALIDATION": "1",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
         # the notebook's parameters
-        "RSL_MODEL_URI": model.uri, "RSL_MAX_TOKENS": str(MAX_TOKENS), "RSL_NUM_CPUS": "2",
+        "RSL_MODEL_URI": model.uri,
+        "RSL_MAX_TOKENS": str(MAX_TOKENS),
+        "RSL_NUM_CPUS": "2",
         # the store, the standard AWS way: the notebook turns these into an ObjectStoreConfig
         # (no RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING: the config derives path style)
-        "AWS_ENDPOINT_URL": s3_server.endpoint_url, "AWS_REGION": s3_server.region,
+        "AWS_ENDPOINT_URL": s3_server.endpoint_url,
+        "AWS_REGION": s3_server.region,
         "AWS_ACCESS_KEY_ID": s3_server.access_key_id,
         "AWS_SECRET_ACCESS_KEY": s3_server.secret_access_key,
     }
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"), \
+    assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"), (
         "examples/notebook.ipynb is committed with outputs; clear them"
+    )
     questions = _notebook_questions(nb)
     before, start = len(s3_server.served()), time.time()
-    client = NotebookClient(nb, timeout=600, kernel_name="python3",
-                            resources={"metadata": {"path": str(work)}})
+    client = NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(work)}}
+    )
     try:
         client.execute(env=env, cwd=str(work))  # raises CellExecutionError on any failing cell
     finally:
@@ -420,7 +497,9 @@ def test_notebook_example(s3_server, tiny_models, work, monkeypatch, tmp_path):
         assert isinstance(answer, str) and answer, (q, answer)
         assert int(m.group(2)) == MAX_TOKENS, m.group(0)
     assert re.search(rf"^{len(questions)} rows$", text, re.MULTILINE), text[-4000:]
-    assert re.search(r"^\s*[\d,]+\s+config\.json$", text, re.MULTILINE), text[-4000:]  # metadata listing
+    assert re.search(r"^\s*[\d,]+\s+config\.json$", text, re.MULTILINE), text[
+        -4000:
+    ]  # metadata listing
     assert re.search(r"^weight files written to local disk: 0$", text, re.MULTILINE), text[-4000:]
     assert s3_server.secret_access_key not in text  # the config shows its secret masked
     assert "model.safetensors" in _reads(s3_server, model.uri, before)

@@ -19,15 +19,15 @@ import textwrap
 import time
 import traceback
 import uuid
+import zlib
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from botocore.exceptions import ClientError
+from helpers.models import UploadedModel, is_weight, list_files
 
-from models import UploadedModel, is_weight, list_files
 from ray_stream_llm import fetch
-from ray_stream_llm._localstore import LocalS3Server, Request
 from ray_stream_llm.errors import (
     AccessDeniedError,
     ModelNotFoundError,
@@ -36,9 +36,10 @@ from ray_stream_llm.errors import (
     UnsafeObjectKeyError,
 )
 from ray_stream_llm.fetch import MARKER, default_metadata_dir, fetch_model_metadata
+from ray_stream_llm.tools.localstore import LocalS3Server, Request
 from ray_stream_llm.uri import parse_model_uri
 
-pytestmark = pytest.mark.s3
+pytestmark = [pytest.mark.s3]
 
 BUCKET = "models"
 LOG_BARRIER_BUCKET = "fetch-test-log-barrier"
@@ -71,27 +72,34 @@ class AccessLog:
 
     def requests(self) -> list[Request]:
         _log_barrier(self.server)
-        return self.server.served()[self.start:]
+        return self.server.served()[self.start :]
 
     def gets(self, prefix: str = "") -> Counter[str]:
         """``key -> number of GETs answered with the object`` in ``BUCKET`` under ``prefix``."""
-        return Counter(r.key for r in self.requests()
-                       if r.method == "GET" and r.status in (200, 206) and r.bucket == BUCKET
-                       and r.key and r.key.startswith(prefix))
+        return Counter(
+            r.key
+            for r in self.requests()
+            if r.method == "GET"
+            and r.status in (200, 206)
+            and r.bucket == BUCKET
+            and r.key
+            and r.key.startswith(prefix)
+        )
 
 
 def _prefix(uri: str) -> str:
     """``s3://models/a/b/`` -> ``a/b/``."""
     assert uri.startswith(f"s3://{BUCKET}/") and uri.endswith("/"), uri
-    return uri[len(f"s3://{BUCKET}/"):]
+    return uri[len(f"s3://{BUCKET}/") :]
 
 
 def _copy(server: LocalS3Server, model: UploadedModel, name: str) -> UploadedModel:
     """Upload ``model``'s local directory to a fresh prefix (leaving the session layout alone)."""
     uri = f"s3://{BUCKET}/tiny/fetch-test/{name}-{uuid.uuid4().hex[:8]}/"
     server.upload_dir(model.local, uri)
-    return UploadedModel(name=name, uri=uri, local=model.local, metadata=model.metadata,
-                         weights=model.weights)
+    return UploadedModel(
+        name=name, uri=uri, local=model.local, metadata=model.metadata, weights=model.weights
+    )
 
 
 def _files(directory: Path) -> set[str]:
@@ -103,8 +111,9 @@ def _tree(root: Path) -> set[str]:
     return {p.relative_to(root).as_posix() for p in root.rglob("*")}
 
 
-def _assert_same_bytes(fetched: Path, model: UploadedModel,
-                       names: set[str] | frozenset[str]) -> None:
+def _assert_same_bytes(
+    fetched: Path, model: UploadedModel, names: set[str] | frozenset[str]
+) -> None:
     for name in names:
         assert (fetched / name).read_bytes() == (model.local / name).read_bytes(), name
 
@@ -121,8 +130,11 @@ def _leftover_temp(root: Path) -> list[Path]:
 # --- 1. exactly the metadata, never a weight ------------------------------------------------
 @pytest.mark.parametrize("layout", ["single", "sharded", "hub-mirror"])
 def test_fetch_brings_exactly_metadata_and_reads_no_weight(
-        layout: str, s3_server: LocalS3Server, tiny_models: dict[str, UploadedModel],
-        s3_env: dict[str, str]) -> None:
+    layout: str,
+    s3_server: LocalS3Server,
+    tiny_models: dict[str, UploadedModel],
+    s3_env: dict[str, str],
+) -> None:
     tiny = tiny_models[layout]
     prefix = _prefix(tiny.uri)
     assert tiny.weights and tiny.metadata and "config.json" in tiny.metadata
@@ -150,8 +162,8 @@ def test_fetch_brings_exactly_metadata_and_reads_no_weight(
 
 # --- 2. deterministic default dir, trailing slash or not -----------------------------------
 def test_default_dir_is_deterministic_and_ignores_trailing_slash(
-        s3_server: LocalS3Server, tiny_models: dict[str, UploadedModel],
-        s3_env: dict[str, str]) -> None:
+    s3_server: LocalS3Server, tiny_models: dict[str, UploadedModel], s3_env: dict[str, str]
+) -> None:
     tiny = tiny_models["single"]
     with_slash = tiny.uri
     without = tiny.uri.rstrip("/")
@@ -163,11 +175,18 @@ def test_default_dir_is_deterministic_and_ignores_trailing_slash(
     assert expected.parent == cache / "models"
 
     # another process (its own interpreter, hash seed, cwd) derives the same path
-    code = ("import sys; from ray_stream_llm.fetch import default_metadata_dir as d; "
-            "print(d(sys.argv[1]))")
-    other = subprocess.run([sys.executable, "-c", code, without], capture_output=True, text=True,
-                           env={**os.environ, "PYTHONHASHSEED": "12345"}, cwd=cache.parent,
-                           timeout=120)
+    code = (
+        "import sys; from ray_stream_llm.fetch import default_metadata_dir as d; "
+        "print(d(sys.argv[1]))"
+    )
+    other = subprocess.run(
+        [sys.executable, "-c", code, without],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+        cwd=cache.parent,
+        timeout=120,
+    )
     assert other.returncode == 0, other.stderr[-2000:]
     assert Path(other.stdout.strip()) == expected
 
@@ -178,7 +197,7 @@ def test_default_dir_is_deterministic_and_ignores_trailing_slash(
 
     log = AccessLog(s3_server)
     second = fetch_model_metadata(without)
-    report = fetch._fetch(parse_model_uri(without), None)
+    report = fetch.fetch_metadata_report(without, None)
     assert second == first
     assert report.path == first
     assert report.downloaded is False
@@ -190,9 +209,12 @@ def test_default_dir_is_deterministic_and_ignores_trailing_slash(
 
 
 # --- 3. explicit dest ---------------------------------------------------------------------
-def test_explicit_dest_gets_the_files(s3_server: LocalS3Server,
-                                      tiny_models: dict[str, UploadedModel],
-                                      s3_env: dict[str, str], tmp_path: Path) -> None:
+def test_explicit_dest_gets_the_files(
+    s3_server: LocalS3Server,
+    tiny_models: dict[str, UploadedModel],
+    s3_env: dict[str, str],
+    tmp_path: Path,
+) -> None:
     tiny = tiny_models["sharded"]
     dest = tmp_path / "mine" / "deep" / "sharded"  # parents do not exist yet
     path = fetch_model_metadata(tiny.uri, dest)
@@ -213,17 +235,21 @@ def test_explicit_dest_gets_the_files(s3_server: LocalS3Server,
 
     # again into a dest the fetch wrote: nothing downloaded
     log = AccessLog(s3_server)
-    assert fetch._fetch(parse_model_uri(tiny.uri), dest).downloaded is False
+    assert fetch.fetch_metadata_report(tiny.uri, dest).downloaded is False
     assert log.gets() == Counter()
 
 
 def test_explicit_dest_not_written_by_fetch_is_refused_and_untouched(
-        tiny_models: dict[str, UploadedModel], s3_env: dict[str, str], tmp_path: Path) -> None:
+    tiny_models: dict[str, UploadedModel], s3_env: dict[str, str], tmp_path: Path
+) -> None:
     tiny = tiny_models["single"]
     dest = tmp_path / "users-dir"
     (dest / "sub").mkdir(parents=True)
-    mine = {"config.json": b'{"mine": true}\n', "notes.txt": b"do not delete\n",
-            "sub/data.bin": os.urandom(64)}
+    mine = {
+        "config.json": b'{"mine": true}\n',
+        "notes.txt": b"do not delete\n",
+        "sub/data.bin": os.urandom(64),
+    }
     for name, data in mine.items():
         (dest / name).write_bytes(data)
     before = {p: (dest / p).stat().st_mtime_ns for p in mine}
@@ -245,8 +271,8 @@ def test_explicit_dest_not_written_by_fetch_is_refused_and_untouched(
 
 # --- 4. idempotent, and a changed store is fetched again ------------------------------------
 def test_refetch_after_store_change_updates_files_and_marker(
-        s3_server: LocalS3Server, tiny_models: dict[str, UploadedModel],
-        s3_env: dict[str, str]) -> None:
+    s3_server: LocalS3Server, tiny_models: dict[str, UploadedModel], s3_env: dict[str, str]
+) -> None:
     copy = _copy(s3_server, tiny_models["single"], "refresh")
     prefix = _prefix(copy.uri)
     path = fetch_model_metadata(copy.uri)
@@ -257,7 +283,7 @@ def test_refetch_after_store_change_updates_files_and_marker(
 
     # unchanged store: no download
     log = AccessLog(s3_server)
-    report = fetch._fetch(parse_model_uri(copy.uri), None)
+    report = fetch.fetch_metadata_report(copy.uri, None)
     assert (report.path, report.downloaded) == (path, False)
     assert log.gets() == Counter()
 
@@ -267,13 +293,17 @@ def test_refetch_after_store_change_updates_files_and_marker(
     new_bytes = json.dumps(new, indent=2).encode()
     s3_server.put(copy.uri + "config.json", new_bytes)
     log = AccessLog(s3_server)
-    report = fetch._fetch(parse_model_uri(copy.uri), None)
+    report = fetch.fetch_metadata_report(copy.uri, None)
     assert (report.path, report.downloaded) == (path, True)
     assert (path / "config.json").read_bytes() == new_bytes
     assert _files(path) == copy.metadata
     _assert_same_bytes(path, copy, copy.metadata - {"config.json"})
     updated = json.loads((path / MARKER).read_text())
-    assert updated["files"]["config.json"] == [len(new_bytes), hashlib.md5(new_bytes).hexdigest()]
+    assert updated["files"]["config.json"] == {
+        "size": len(new_bytes),
+        "etag": hashlib.md5(new_bytes).hexdigest(),
+        "crc32": zlib.crc32(new_bytes),
+    }
     assert updated["files"]["config.json"] != marker["files"]["config.json"]
     assert log.gets(prefix)[prefix + "config.json"] == 1
     assert not {prefix + w for w in copy.weights} & set(log.gets(prefix))
@@ -288,7 +318,7 @@ def test_refetch_after_store_change_updates_files_and_marker(
 
     # and then the store is unchanged again: no download
     log = AccessLog(s3_server)
-    assert fetch._fetch(parse_model_uri(copy.uri), None).downloaded is False
+    assert fetch.fetch_metadata_report(copy.uri, None).downloaded is False
     assert log.gets() == Counter()
 
 
@@ -354,8 +384,11 @@ def _wait_for(paths: list[Path], procs: list[subprocess.Popen[bytes]], timeout: 
 
 
 def test_concurrent_processes_download_once_and_never_show_a_partial_dir(
-        s3_server: LocalS3Server, tiny_models: dict[str, UploadedModel],
-        s3_env: dict[str, str], tmp_path: Path) -> None:
+    s3_server: LocalS3Server,
+    tiny_models: dict[str, UploadedModel],
+    s3_env: dict[str, str],
+    tmp_path: Path,
+) -> None:
     n = 8
     copy = _copy(s3_server, tiny_models["hub-mirror"], "concurrent")
     prefix = _prefix(copy.uri)
@@ -371,16 +404,41 @@ def test_concurrent_processes_download_once_and_never_show_a_partial_dir(
     try:
         with open(sync / "checker.log", "wb") as out:
             checker = subprocess.Popen(
-                [sys.executable, "-c", CHECKER, str(target), str(sync / "expected.json"),
-                 str(sync / "checker.ready"), str(stop), str(sync / "checker.json")],
-                env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+                [
+                    sys.executable,
+                    "-c",
+                    CHECKER,
+                    str(target),
+                    str(sync / "expected.json"),
+                    str(sync / "checker.ready"),
+                    str(stop),
+                    str(sync / "checker.json"),
+                ],
+                env=env,
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         procs.append(checker)
         for i in range(n):
             with open(sync / f"{i}.log", "wb") as out:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-c", FETCHER, str(sync / f"{i}.ready"), str(start),
-                     str(sync / f"{i}.json"), copy.uri],
-                    env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT))
+                procs.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-c",
+                            FETCHER,
+                            str(sync / f"{i}.ready"),
+                            str(start),
+                            str(sync / f"{i}.json"),
+                            copy.uri,
+                        ],
+                        env=env,
+                        cwd=REPO,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
         # every fetcher has imported the library and waits; the checker has polled once
         _wait_for([sync / "checker.ready", *(sync / f"{i}.ready" for i in range(n))], procs, 240)
         assert not target.exists()
@@ -435,31 +493,43 @@ HOSTILE_PATHS = {
 
 
 def test_hostile_keys_are_refused_or_normalised_by_the_store(
-        s3_server: LocalS3Server, tiny_models: dict[str, UploadedModel],
-        s3_env: dict[str, str], tmp_path: Path) -> None:
+    s3_server: LocalS3Server,
+    tiny_models: dict[str, UploadedModel],
+    s3_env: dict[str, str],
+    tmp_path: Path,
+) -> None:
     """SeaweedFS refuses keys with '.', '..' or '\\' segments and collapses '//', so a
     hostile key cannot be stored here; what it does store must be fetched inside the cache."""
     copy = _copy(s3_server, tiny_models["single"], "hostile")
     prefix = _prefix(copy.uri)
     client = s3_server.client()
-    refused = [prefix + "../escape.json", prefix + "sub/../../up.json", prefix + "./dot.json",
-               prefix + "..\\evil.json"]
+    refused = [
+        prefix + "../escape.json",
+        prefix + "sub/../../up.json",
+        prefix + "./dot.json",
+        prefix + "..\\evil.json",
+    ]
     for key in refused:
         with pytest.raises(ClientError) as info:
             client.put_object(Bucket=BUCKET, Key=key, Body=b"{}")
         assert info.value.response["Error"]["Code"] == "InvalidRequest", key
-    collapsed = {prefix + "/abs.json": prefix + "abs.json",
-                 prefix + "additional_chat_templates//x.jinja":
-                     prefix + "additional_chat_templates/x.jinja"}
+    collapsed = {
+        prefix + "/abs.json": prefix + "abs.json",
+        prefix + "additional_chat_templates//x.jinja": prefix + "additional_chat_templates/x.jinja",
+    }
     for key in collapsed:
         client.put_object(Bucket=BUCKET, Key=key, Body=b'{"hostile": true}')
     # what the store really holds
-    keys = {o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET)
-            for o in page.get("Contents", ())}
+    keys = {
+        o["Key"]
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET)
+        for o in page.get("Contents", ())
+    }
     under = {k for k in keys if k.startswith(prefix)}
     assert set(collapsed.values()) <= under
-    assert not {k for k in keys if ".." in k.split("/") or "." in k.split("/") or "//" in k
-                or "\\" in k}
+    assert not {
+        k for k in keys if ".." in k.split("/") or "." in k.split("/") or "//" in k or "\\" in k
+    }
     assert "tiny/fetch-test/escape.json" not in keys and "tiny/fetch-test/up.json" not in keys
 
     cache = Path(s3_env["RAY_STREAM_LLM_CACHE"])
@@ -480,7 +550,7 @@ def test_safe_relative_refuses_hostile_paths(relative: str) -> None:
     it refuses each one with UnsafeObjectKeyError (a ValueError) naming the full key."""
     uri = parse_model_uri("s3://models/tiny/hostile/")
     with pytest.raises(UnsafeObjectKeyError) as info:
-        fetch._safe_relative(relative, uri)
+        uri.safe_relative(relative)
     assert isinstance(info.value, ValueError) and isinstance(info.value, RayStreamLLMError)
     assert repr(uri.key(relative)) in str(info.value)
 
@@ -504,8 +574,9 @@ def test_missing_prefix(s3_env: dict[str, str], tiny_models: dict[str, UploadedM
     assert not default_metadata_dir(uri).exists()
 
 
-def test_prefix_without_config_json(s3_server: LocalS3Server, s3_env: dict[str, str],
-                                    tiny_models: dict[str, UploadedModel]) -> None:
+def test_prefix_without_config_json(
+    s3_server: LocalS3Server, s3_env: dict[str, str], tiny_models: dict[str, UploadedModel]
+) -> None:
     local = tiny_models["single"].local
     uri = f"s3://{BUCKET}/tiny/fetch-test/noconfig-{uuid.uuid4().hex[:8]}/"
     for name in ("tokenizer.json", "generation_config.json", "model.safetensors"):
@@ -521,8 +592,12 @@ def test_prefix_without_config_json(s3_server: LocalS3Server, s3_env: dict[str, 
 
 @pytest.mark.parametrize("wrong", ["secret", "key id"])
 def test_wrong_credentials_are_access_denied_without_leaking_the_secret(
-        wrong: str, monkeypatch: pytest.MonkeyPatch, s3_server: LocalS3Server,
-        tiny_models: dict[str, UploadedModel], s3_env: dict[str, str]) -> None:
+    wrong: str,
+    monkeypatch: pytest.MonkeyPatch,
+    s3_server: LocalS3Server,
+    tiny_models: dict[str, UploadedModel],
+    s3_env: dict[str, str],
+) -> None:
     bad_secret = "WRONGSECRET" + uuid.uuid4().hex
     if wrong == "secret":
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", bad_secret)
@@ -542,8 +617,9 @@ def test_wrong_credentials_are_access_denied_without_leaking_the_secret(
     assert not default_metadata_dir(uri).exists()
 
 
-def test_unreachable_endpoint_fails_fast(monkeypatch: pytest.MonkeyPatch,
-                                         s3_env: dict[str, str]) -> None:
+def test_unreachable_endpoint_fails_fast(
+    monkeypatch: pytest.MonkeyPatch, s3_env: dict[str, str]
+) -> None:
     with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -560,9 +636,12 @@ def test_unreachable_endpoint_fails_fast(monkeypatch: pytest.MonkeyPatch,
 
 # --- 8. a model whose prefix is a string-prefix of another's --------------------------------
 @pytest.mark.parametrize("spelling", ["with-slash", "without-slash"])
-def test_string_prefix_models_do_not_mix(spelling: str, s3_server: LocalS3Server,
-                                         tiny_models: dict[str, UploadedModel],
-                                         s3_env: dict[str, str]) -> None:
+def test_string_prefix_models_do_not_mix(
+    spelling: str,
+    s3_server: LocalS3Server,
+    tiny_models: dict[str, UploadedModel],
+    s3_env: dict[str, str],
+) -> None:
     single = tiny_models["single"]
     assert single.uri == f"s3://{BUCKET}/tiny/single/"
     other_uri = f"s3://{BUCKET}/tiny/single-copy/"
@@ -584,5 +663,9 @@ def test_string_prefix_models_do_not_mix(spelling: str, s3_server: LocalS3Server
     assert json.loads((a / MARKER).read_text())["uri"] == single.uri
     assert json.loads((b / MARKER).read_text())["uri"] == other_uri
     gets = log.gets("tiny/single")
-    assert gets == Counter({**{"tiny/single/" + m: 1 for m in single.metadata},
-                            **{"tiny/single-copy/" + m: 1 for m in other_metadata}}), gets
+    assert gets == Counter(
+        {
+            **{"tiny/single/" + m: 1 for m in single.metadata},
+            **{"tiny/single-copy/" + m: 1 for m in other_metadata},
+        }
+    ), gets

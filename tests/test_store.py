@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from ray_stream_llm.store import ObjectStoreConfig, derive_settings
+from ray_stream_llm.stores import s3
+from ray_stream_llm.stores.settings import ObjectStoreConfig, derive_settings
 
 SECRET = "s3cr3t-VALUE-9f8e7d"
 
@@ -13,7 +14,7 @@ SECRET = "s3cr3t-VALUE-9f8e7d"
 def test_no_settings_derive_nothing():
     settings = derive_settings(None)
     assert settings.env == {} and settings.model_loader_extra_config == {}
-    assert settings.boto3_session == {} and settings.boto3_client == {"config": {}}
+    assert s3._session_kwargs(ObjectStoreConfig()) == {}
 
 
 def test_s3_compatible_endpoint_derives_every_consumer():
@@ -46,10 +47,14 @@ def test_s3_compatible_endpoint_derives_every_consumer():
     }
     assert s.secret_env == {"AWS_SECRET_ACCESS_KEY"}
     assert s.model_loader_extra_config == {"concurrency": 4, "memory_limit": 0}
-    assert s.boto3_session == {"aws_access_key_id": "AKIDEXAMPLE",
-                               "aws_secret_access_key": SECRET, "region_name": "eu-west-1"}
-    assert s.boto3_client == {"endpoint_url": "http://localhost:9000",
-                              "config": {"s3": {"addressing_style": "path"}}}
+    assert s3._session_kwargs(store) == {
+        "aws_access_key_id": "AKIDEXAMPLE",
+        "aws_secret_access_key": SECRET,
+        "region_name": "eu-west-1",
+    }
+    client = s3.make_client(store)
+    assert client.meta.endpoint_url == "http://localhost:9000"
+    assert client.meta.config.s3 == {"addressing_style": "path"}
     assert SECRET not in repr(s) and SECRET not in repr(store) and SECRET not in str(store)
     assert SECRET not in store.model_dump_json()
 
@@ -68,22 +73,32 @@ def test_auto_addressing(endpoint, style):
 
 
 def test_explicit_virtual_addressing():
-    env = derive_settings(ObjectStoreConfig(endpoint_url="http://127.0.0.1:1",
-                                            addressing_style="virtual")).env
+    env = derive_settings(
+        ObjectStoreConfig(endpoint_url="http://127.0.0.1:1", addressing_style="virtual")
+    ).env
     assert env["RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING"] == "1"
     assert env["AWS_S3_ADDRESSING_STYLE"] == "virtual"
 
 
 def test_anonymous_profile_gcs_azure():
     anon = derive_settings(ObjectStoreConfig(anonymous=True))
-    assert anon.env == {"RUNAI_STREAMER_S3_UNSIGNED": "1",
-                        "RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS": "1"}
-    assert anon.boto3_client["config"] == {"signature_version": "unsigned"}
+    assert anon.env == {
+        "RUNAI_STREAMER_S3_UNSIGNED": "1",
+        "RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS": "1",
+    }
+    from botocore import UNSIGNED
+
+    assert (
+        s3.make_client(ObjectStoreConfig(anonymous=True)).meta.config.signature_version is UNSIGNED
+    )
     prof = derive_settings(ObjectStoreConfig(profile_name="team"))
-    assert prof.env == {"AWS_PROFILE": "team"} and prof.boto3_session == {"profile_name": "team"}
+    assert prof.env == {"AWS_PROFILE": "team"}
+    assert s3._session_kwargs(ObjectStoreConfig(profile_name="team")) == {"profile_name": "team"}
     gcs = derive_settings(ObjectStoreConfig(gcs_credentials_file="/etc/gcs.json"))
-    assert gcs.env == {"RUNAI_STREAMER_GCS_CREDENTIAL_FILE": "/etc/gcs.json",
-                       "GOOGLE_APPLICATION_CREDENTIALS": "/etc/gcs.json"}
+    assert gcs.env == {
+        "RUNAI_STREAMER_GCS_CREDENTIAL_FILE": "/etc/gcs.json",
+        "GOOGLE_APPLICATION_CREDENTIALS": "/etc/gcs.json",
+    }
     az = derive_settings(ObjectStoreConfig(azure_account_name="acct", azure_account_key=SECRET))
     assert az.env == {"AZURE_STORAGE_ACCOUNT_NAME": "acct", "AZURE_STORAGE_ACCOUNT_KEY": SECRET}
     assert az.secret_env == {"AZURE_STORAGE_ACCOUNT_KEY"}
@@ -91,18 +106,29 @@ def test_anonymous_profile_gcs_azure():
     assert conn.secret_env == {"AZURE_STORAGE_CONNECTION_STRING"}
 
 
-@pytest.mark.parametrize("connection, suffix", [
-    ("AccountName=acct;AccountKey={key};EndpointSuffix=core.chinacloudapi.cn",
-     "blob.core.chinacloudapi.cn"),
-    ("AccountName=acct;AccountKey={key};BlobEndpoint=https://acct.blob.core.windows.net/",
-     "blob.core.windows.net"),
-    ("DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={key}", "blob.core.windows.net"),
-])
+@pytest.mark.parametrize(
+    "connection, suffix",
+    [
+        (
+            "AccountName=acct;AccountKey={key};EndpointSuffix=core.chinacloudapi.cn",
+            "blob.core.chinacloudapi.cn",
+        ),
+        (
+            "AccountName=acct;AccountKey={key};BlobEndpoint=https://acct.blob.core.windows.net/",
+            "blob.core.windows.net",
+        ),
+        (
+            "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={key}",
+            "blob.core.windows.net",
+        ),
+    ],
+)
 def test_azure_connection_string_sets_the_streamer_reader(connection, suffix):
     """The streamer's Azure reader ignores AZURE_STORAGE_CONNECTION_STRING: account, key and
     endpoint suffix are derived from it, the key kept secret."""
-    settings = derive_settings(ObjectStoreConfig(azure_connection_string=connection.format(
-        key=SECRET)))
+    settings = derive_settings(
+        ObjectStoreConfig(azure_connection_string=connection.format(key=SECRET))
+    )
     assert settings.env["AZURE_STORAGE_ACCOUNT_NAME"] == "acct"
     assert settings.env["AZURE_STORAGE_ACCOUNT_KEY"] == SECRET
     assert settings.env["AZURE_STORAGE_ENDPOINT_SUFFIX"] == suffix
@@ -115,9 +141,11 @@ def test_gcs_emulator_endpoint():
     STORAGE_EMULATOR_HOST, google-cloud-cpp CLOUD_STORAGE_EMULATOR_ENDPOINT), and its listing
     sends no credentials (else it asks for Application Default Credentials)."""
     env = derive_settings(ObjectStoreConfig(gcs_emulator_endpoint="http://127.0.0.1:4443/")).env
-    assert env == {"STORAGE_EMULATOR_HOST": "http://127.0.0.1:4443",
-                   "CLOUD_STORAGE_EMULATOR_ENDPOINT": "http://127.0.0.1:4443",
-                   "RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS": "1"}
+    assert env == {
+        "STORAGE_EMULATOR_HOST": "http://127.0.0.1:4443",
+        "CLOUD_STORAGE_EMULATOR_ENDPOINT": "http://127.0.0.1:4443",
+        "RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS": "1",
+    }
 
 
 @pytest.mark.parametrize(
@@ -131,19 +159,36 @@ def test_gcs_emulator_endpoint():
         ({"streamer_chunk_bytesize": 1024}, "at least 5242880"),
         ({"aws_access_key_id": "AKID"}, "give both"),
         ({"aws_secret_access_key": SECRET}, "give both"),
-        ({"profile_name": "p", "aws_access_key_id": "A", "aws_secret_access_key": SECRET}, "either"),
-        ({"anonymous": True, "aws_access_key_id": "A", "aws_secret_access_key": SECRET}, "unsigned"),
+        (
+            {"profile_name": "p", "aws_access_key_id": "A", "aws_secret_access_key": SECRET},
+            "either",
+        ),
+        (
+            {"anonymous": True, "aws_access_key_id": "A", "aws_secret_access_key": SECRET},
+            "unsigned",
+        ),
         ({"azure_account_key": SECRET, "azure_connection_string": SECRET}, "either"),
         ({"gcs_emulator_endpoint": "127.0.0.1:4443"}, "gcs_emulator_endpoint must look like"),
         ({"gcs_emulator_endpoint": "http://h:1/b"}, "prefix in the model URI (gs://bucket"),
-        ({"gcs_emulator_endpoint": "http://h:1", "gcs_credentials_file": "/k.json"},
-         "carry no credentials"),
+        (
+            {"gcs_emulator_endpoint": "http://h:1", "gcs_credentials_file": "/k.json"},
+            "carry no credentials",
+        ),
         ({"anonymous": True, "gcs_credentials_file": "/k.json"}, "anonymous=True"),
-        ({"azure_connection_string": f"AccountName=a;AccountKey={SECRET};"
-                                     "BlobEndpoint=http://127.0.0.1:10000/a;"},
-         "set azure_endpoint_suffix"),
-        ({"azure_connection_string": f"AccountName=a;AccountKey={SECRET}",
-          "azure_account_name": "b"}, "names account 'a'"),
+        (
+            {
+                "azure_connection_string": f"AccountName=a;AccountKey={SECRET};"
+                "BlobEndpoint=http://127.0.0.1:10000/a;"
+            },
+            "set azure_endpoint_suffix",
+        ),
+        (
+            {
+                "azure_connection_string": f"AccountName=a;AccountKey={SECRET}",
+                "azure_account_name": "b",
+            },
+            "names account 'a'",
+        ),
         ({"endpoint": "http://x"}, "Extra inputs are not permitted"),
     ],
 )
@@ -170,13 +215,20 @@ def test_conflicting_runtime_env_refused_before_ray_starts():
     import ray
 
     from ray_stream_llm import build_llm_processor
-    from ray_stream_llm.runtime_env import SettingsConflictError
+    from ray_stream_llm.errors import SettingsConflictError
 
     config = _config(
-        object_store=ObjectStoreConfig(endpoint_url="http://127.0.0.1:9000",
-                                       aws_access_key_id="AKID", aws_secret_access_key=SECRET),
-        runtime_env={"env_vars": {"AWS_ENDPOINT_URL": "http://other:9000",
-                                  "AWS_SECRET_ACCESS_KEY": "another-secret"}},
+        object_store=ObjectStoreConfig(
+            endpoint_url="http://127.0.0.1:9000",
+            aws_access_key_id="AKID",
+            aws_secret_access_key=SECRET,
+        ),
+        runtime_env={
+            "env_vars": {
+                "AWS_ENDPOINT_URL": "http://other:9000",
+                "AWS_SECRET_ACCESS_KEY": "another-secret",
+            }
+        },
     )
     with pytest.raises(SettingsConflictError) as err:
         build_llm_processor(config)
@@ -194,26 +246,38 @@ def test_conflicting_runtime_env_refused_before_ray_starts():
 
 
 def test_settings_merged_into_stage_runtime_envs_and_engine():
-    from ray_stream_llm._ray import resource_defaults
-    from ray_stream_llm.runtime_env import deliver_env, store_updates
+    from ray_stream_llm.integrations.builder import resource_defaults
+    from ray_stream_llm.integrations.runtime_env import deliver_env, store_updates
 
     config = _config(
-        object_store=ObjectStoreConfig(endpoint_url="http://127.0.0.1:9000", streamer_concurrency=2,
-                                       aws_access_key_id="AKID", aws_secret_access_key=SECRET),
+        object_store=ObjectStoreConfig(
+            endpoint_url="http://127.0.0.1:9000",
+            streamer_concurrency=2,
+            aws_access_key_id="AKID",
+            aws_secret_access_key=SECRET,
+        ),
         runtime_env={"env_vars": {"MY_VAR": "1", "AWS_ENDPOINT_URL": "http://127.0.0.1:9000"}},
-        engine_kwargs={"load_format": "runai_streamer",
-                       "model_loader_extra_config": {"memory_limit": 0}},
+        engine_kwargs={
+            "load_format": "runai_streamer",
+            "model_loader_extra_config": {"memory_limit": 0},
+        },
     )
     settings = derive_settings(config.object_store)
     updates = store_updates(config, settings, resource_defaults(config))
-    assert updates["engine_kwargs"]["model_loader_extra_config"] == {"memory_limit": 0,
-                                                                      "concurrency": 2}
+    assert updates["engine_kwargs"]["model_loader_extra_config"] == {
+        "memory_limit": 0,
+        "concurrency": 2,
+    }
     assert "runtime_env" not in updates  # the processor's goes to ray.init: left as the user set it
-    kwargs = deliver_env({"runtime_env": {"env_vars": {"TOK": "1"}}, "num_cpus": 0.25}, settings,
-                         "TokenizeStage")
+    kwargs = deliver_env(
+        {"runtime_env": {"env_vars": {"TOK": "1"}}, "num_cpus": 0.25}, settings, "TokenizeStage"
+    )
     env = kwargs["runtime_env"]["env_vars"]
     assert env["TOK"] == "1" and env["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000"
-    assert env["RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING"] == "0" and env["AWS_ACCESS_KEY_ID"] == "AKID"
+    assert (
+        env["RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING"] == "0"
+        and env["AWS_ACCESS_KEY_ID"] == "AKID"
+    )
     assert "AWS_SECRET_ACCESS_KEY" not in env and SECRET not in repr(kwargs)
     assert kwargs["num_cpus"] == 0.25
 
@@ -224,10 +288,12 @@ def test_conflict_with_the_ray_jobs_runtime_env(monkeypatch):
     import ray
 
     from ray_stream_llm import build_llm_processor
-    from ray_stream_llm.runtime_env import SettingsConflictError
+    from ray_stream_llm.errors import SettingsConflictError
 
-    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(
-        {"runtime_env": {"env_vars": {"AWS_REGION": "eu-west-1"}}}))
+    monkeypatch.setenv(
+        "RAY_JOB_CONFIG_JSON_ENV_VAR",
+        json.dumps({"runtime_env": {"env_vars": {"AWS_REGION": "eu-west-1"}}}),
+    )
     config = _config(object_store=ObjectStoreConfig(region_name="us-east-1"))
     with pytest.raises(SettingsConflictError) as err:
         build_llm_processor(config)

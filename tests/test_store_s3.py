@@ -11,15 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from ray_stream_llm import AccessDeniedError, MissingBackendError, fetch_model_metadata
-from ray_stream_llm.store import ObjectStoreConfig, derive_settings
+from ray_stream_llm import fetch_model_metadata
+from ray_stream_llm.errors import AccessDeniedError, MissingBackendError
+from ray_stream_llm.stores.settings import ObjectStoreConfig, derive_settings
 
+pytestmark = [pytest.mark.s3]
 
 
 def _store(server, host="127.0.0.1", **overrides):
-    fields = dict(endpoint_url=server.endpoint_url.replace("127.0.0.1", host),
-                  region_name=server.region, aws_access_key_id=server.access_key_id,
-                  aws_secret_access_key=server.secret_access_key)
+    fields = dict(
+        endpoint_url=server.endpoint_url.replace("127.0.0.1", host),
+        region_name=server.region,
+        aws_access_key_id=server.access_key_id,
+        aws_secret_access_key=server.secret_access_key,
+    )
     fields.update(overrides)
     return ObjectStoreConfig(**fields)
 
@@ -36,10 +41,14 @@ def test_fetch_with_settings_only_in_config(s3_server, tiny_models, no_aws_env, 
     "overrides, fragment",
     [
         ({"aws_secret_access_key": "wrong-secret-0123456789"}, "secret key does not match"),
-        ({"aws_access_key_id": "AKUNKNOWN0000000", "aws_secret_access_key": "x" * 40},
-         "access key id is not known"),
-        ({"aws_access_key_id": None, "aws_secret_access_key": None, "anonymous": True},
-         "access denied"),
+        (
+            {"aws_access_key_id": "AKUNKNOWN0000000", "aws_secret_access_key": "x" * 40},
+            "access key id is not known",
+        ),
+        (
+            {"aws_access_key_id": None, "aws_secret_access_key": None, "anonymous": True},
+            "access denied",
+        ),
     ],
     ids=["wrong-secret", "unknown-key", "anonymous-private-bucket"],
 )
@@ -65,8 +74,9 @@ print(json.dumps({"files": len(files), "tensors": n}))
 
 def _stream(uri: str, env: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess:
     clean = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), **env}
-    return subprocess.run([sys.executable, "-c", STREAM, uri], env=clean, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", STREAM, uri], env=clean, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_derived_env_drives_the_streamer_against_localhost(s3_server, tiny_models, tmp_path):
@@ -88,8 +98,13 @@ def test_virtual_addressing_against_localhost_fails_as_documented(s3_server, tin
     assert proc.returncode != 0
 
 
-@pytest.mark.parametrize("uri, package", [("gs://bkt/model/", "runai-model-streamer-gcs"),
-                                          ("az://container/model/", "runai-model-streamer-azure")])
+@pytest.mark.parametrize(
+    "uri, package",
+    [
+        ("gs://bkt/model/", "runai-model-streamer-gcs"),
+        ("az://container/model/", "runai-model-streamer-azure"),
+    ],
+)
 def test_missing_backend_names_the_pip_line(uri, package, no_aws_env, monkeypatch):
     monkeypatch.setitem(sys.modules, package.replace("-", "_"), None)  # as if not installed
     with pytest.raises(MissingBackendError) as err:
@@ -111,7 +126,8 @@ def test_gcs_through_s3_interoperability(s3_server, tiny_models, no_aws_env):
 BUILD_IN_JOB = """
 import json, sys
 import ray
-from ray_stream_llm import ObjectStoreConfig, StreamingvLLMEngineProcessorConfig, build_llm_processor
+from ray_stream_llm import ObjectStoreConfig, StreamingvLLMEngineProcessorConfig
+from ray_stream_llm import build_llm_processor
 uri, store = sys.argv[1], json.loads(sys.argv[2])
 config = StreamingvLLMEngineProcessorConfig(
     model_source=uri, engine_kwargs={"load_format": "runai_streamer"},
@@ -125,6 +141,7 @@ ray.shutdown()
 """
 
 
+@pytest.mark.e2e
 def test_builds_inside_a_ray_job_whose_runtime_env_sets_the_same_variable(s3_server, tiny_models):
     """Regression: the derived variables went into the processor's runtime_env, which Ray's
     builder hands to ray.init, and Ray refuses to merge that with a job's runtime_env that
@@ -135,18 +152,32 @@ def test_builds_inside_a_ray_job_whose_runtime_env_sets_the_same_variable(s3_ser
     import tempfile
 
     work = tempfile.mkdtemp(prefix="rsl-job-", dir="/tmp")  # short: Ray socket paths
-    store = {"endpoint_url": s3_server.endpoint_url, "region_name": s3_server.region,
-             "aws_access_key_id": s3_server.access_key_id,
-             "aws_secret_access_key": s3_server.secret_access_key}
-    env = {"PATH": os.environ["PATH"], "HOME": work, "TMPDIR": work, "RAY_TMPDIR": work,
-           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
-           "RAY_STREAM_LLM_CACHE": f"{work}/cache",
-           "RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps(
-               {"runtime_env": {"env_vars": {"AWS_REGION": s3_server.region}}})}
+    store = {
+        "endpoint_url": s3_server.endpoint_url,
+        "region_name": s3_server.region,
+        "aws_access_key_id": s3_server.access_key_id,
+        "aws_secret_access_key": s3_server.secret_access_key,
+    }
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": work,
+        "TMPDIR": work,
+        "RAY_TMPDIR": work,
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_STREAM_LLM_CACHE": f"{work}/cache",
+        "RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps(
+            {"runtime_env": {"env_vars": {"AWS_REGION": s3_server.region}}}
+        ),
+    }
     try:
-        proc = subprocess.run([sys.executable, "-c", BUILD_IN_JOB, tiny_models["single"].uri,
-                               json.dumps(store)], env=env, capture_output=True, text=True,
-                              timeout=180)
+        proc = subprocess.run(
+            [sys.executable, "-c", BUILD_IN_JOB, tiny_models["single"].uri, json.dumps(store)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         stages = json.loads(proc.stdout.strip().splitlines()[-1])
         assert len(stages) >= 3

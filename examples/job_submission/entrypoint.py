@@ -46,14 +46,24 @@ ENGINE_KWARGS: dict[str, Any] = {
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model_uri", nargs="?", default=os.environ.get("RSL_MODEL_URI"),
-                        help="model directory in object storage, e.g. s3://models/SmolLM2-135M-"
-                             "Instruct/ (default: $RSL_MODEL_URI)")
-    parser.add_argument("output_dir", nargs="?", default=os.environ.get("RSL_OUTPUT_DIR"),
-                        help="where to write the Parquet results: an absolute path or an "
-                             "s3:// URI (default: $RSL_OUTPUT_DIR)")
-    parser.add_argument("--endpoint-url", help="S3 endpoint of an S3-compatible store, when "
-                        "the environment has no AWS_ENDPOINT_URL")
+    parser.add_argument(
+        "model_uri",
+        nargs="?",
+        default=os.environ.get("RSL_MODEL_URI"),
+        help="model directory in object storage, e.g. s3://models/SmolLM2-135M-"
+        "Instruct/ (default: $RSL_MODEL_URI)",
+    )
+    parser.add_argument(
+        "output_dir",
+        nargs="?",
+        default=os.environ.get("RSL_OUTPUT_DIR"),
+        help="where to write the Parquet results: an absolute path or an "
+        "s3:// URI (default: $RSL_OUTPUT_DIR)",
+    )
+    parser.add_argument(
+        "--endpoint-url",
+        help="S3 endpoint of an S3-compatible store, when the environment has no AWS_ENDPOINT_URL",
+    )
     parser.add_argument("--region", help="store region, when the environment has no AWS_REGION")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens to generate per answer")
     parser.add_argument("--batch-size", type=int, default=8)
@@ -78,20 +88,24 @@ def object_store_from(args: argparse.Namespace) -> Any:
     """The store settings given as arguments, as an ``ObjectStoreConfig``; None when there
     are none: the environment then is all there is (every process reads it)."""
     from ray_stream_llm import ObjectStoreConfig
-    from ray_stream_llm.store import derive_settings
+    from ray_stream_llm.stores.settings import derive_settings
 
     names = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
     unfilled = _placeholders({name: os.environ.get(name) for name in names})
     if unfilled:
-        sys.exit(f"entrypoint.py: {', '.join(unfilled)} still hold the runtime_env.yaml "
-                 "placeholder: fill in the real values")
+        sys.exit(
+            f"entrypoint.py: {', '.join(unfilled)} still hold the runtime_env.yaml "
+            "placeholder: fill in the real values"
+        )
     if not (args.endpoint_url or args.region):
         return None
     store = ObjectStoreConfig(endpoint_url=args.endpoint_url, region_name=args.region)
     twice = sorted(set(derive_settings(store).env) & set(_job_env_vars()))
     if twice:
-        sys.exit(f"entrypoint.py: --endpoint-url/--region set {', '.join(twice)}, which the "
-                 "job's runtime_env sets too; give each setting in one place")
+        sys.exit(
+            f"entrypoint.py: --endpoint-url/--region set {', '.join(twice)}, which the "
+            "job's runtime_env sets too; give each setting in one place"
+        )
     return store
 
 

@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from ray_stream_llm import bench
+from ray_stream_llm.tools import bench
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
@@ -28,8 +28,16 @@ def bench_store() -> Iterator[tuple[bench.BenchStore, Path]]:
         if uri:
             uri = uri if uri.endswith("/") else uri + "/"
             objects = bench._weight_objects(uri)
-            yield bench.BenchStore(env={}, model_uri=uri, model_bytes=sum(s for _, s in objects),
-                                   model_shards=len(objects), metadata_uris={"model": uri}), workdir
+            yield (
+                bench.BenchStore(
+                    env={},
+                    model_uri=uri,
+                    model_bytes=sum(s for _, s in objects),
+                    model_shards=len(objects),
+                    metadata_uris={"model": uri},
+                ),
+                workdir,
+            )
         else:
             with bench.local_bench_store(workdir) as store:
                 yield store, workdir

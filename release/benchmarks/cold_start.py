@@ -12,15 +12,20 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import bench_store, engine_kwargs, finish  # noqa: E402
+from _common import bench_store, engine_kwargs, finish
 
-from ray_stream_llm import bench  # noqa: E402
+from ray_stream_llm.tools import bench
 
 
 def run():
     with bench_store() as (store, workdir):
-        figures = bench.cold_start(store.model_uri, store.env, workdir, engine_kwargs=engine_kwargs(),
-                                   num_cpus=None if os.environ.get("RSL_RELEASE_MODEL_URI") else os.cpu_count())
+        figures = bench.cold_start(
+            store.model_uri,
+            store.env,
+            workdir,
+            engine_kwargs=engine_kwargs(),
+            num_cpus=None if os.environ.get("RSL_RELEASE_MODEL_URI") else os.cpu_count(),
+        )
         result = finish("cold_start", store, [{"cold_start": figures}])
     streamed, downloaded = figures["streamed"], figures["downloaded"]
     assert streamed["rows"] == downloaded["rows"] == len(bench.PROMPTS)

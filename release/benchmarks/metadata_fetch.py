@@ -10,16 +10,18 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import bench_store, finish  # noqa: E402
+from _common import bench_store, finish
 
-from ray_stream_llm import bench  # noqa: E402
+from ray_stream_llm.tools import bench
 
 REPEAT = 3
 
 
 def run():
     with bench_store() as (store, workdir):
-        runs = [{"metadata": bench.metadata_fetch(store.metadata_uris, workdir)} for _ in range(REPEAT)]
+        runs = [
+            {"metadata": bench.metadata_fetch(store.metadata_uris, workdir)} for _ in range(REPEAT)
+        ]
         result = finish("metadata_fetch", store, runs)
     for run_ in runs:  # only metadata came down, however many and however large the weights
         for figures in run_["metadata"].values():

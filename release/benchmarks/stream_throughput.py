@@ -10,9 +10,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import bench_store, finish  # noqa: E402
+from _common import bench_store, finish
 
-from ray_stream_llm import bench  # noqa: E402
+from ray_stream_llm.tools import bench
 
 REPEAT = 3
 

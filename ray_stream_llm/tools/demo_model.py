@@ -14,13 +14,10 @@ import importlib.metadata
 import importlib.util
 import json
 import logging
-import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
-from filelock import FileLock
+from ray_stream_llm.cache import cache_root, publishing, replace
 
 logger = logging.getLogger(__name__)
 
@@ -53,11 +50,8 @@ def find_gguf() -> Path:
 
 
 def default_cache_dir() -> Path:
-    """``$RAY_STREAM_LLM_CACHE/demo``, else ``$XDG_CACHE_HOME`` (or ``~/.cache``)``/ray_stream_llm/demo``."""
-    if root := os.environ.get("RAY_STREAM_LLM_CACHE"):
-        return Path(root) / "demo"
-    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(xdg) / "ray_stream_llm" / "demo"
+    """``demo`` under the library's cache root (:func:`ray_stream_llm.cache.cache_root`)."""
+    return cache_root() / "demo"
 
 
 def _is_complete(model_dir: Path, gguf: Path) -> bool:
@@ -82,7 +76,9 @@ def _convert(gguf: Path, out_dir: Path) -> tuple[int, int]:
         kwargs["quantization_config"] = transformers.GgufConfig(dequantize=True)
     src, name = str(gguf.parent), gguf.name
     tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.bfloat16, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(
+        src, gguf_file=name, dtype=torch.bfloat16, **kwargs
+    )
     # The weights are dense now; drop the GGUF quantizer so transformers serialises them
     # and the saved config does not claim a quantization vLLM would try to apply.
     model.hf_quantizer = None
@@ -92,7 +88,9 @@ def _convert(gguf: Path, out_dir: Path) -> tuple[int, int]:
     gen = model.generation_config
     gen.do_sample = False  # greedy by default; eos/pad (<|im_end|>) stay as the GGUF sets them
     if gen.pad_token_id is None:
-        gen.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else gen.eos_token_id
+        gen.pad_token_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else gen.eos_token_id
+        )
     state_dict = {key: value.contiguous() for key, value in model.state_dict().items()}
     model.save_pretrained(out_dir, state_dict=state_dict)
     tokenizer.save_pretrained(out_dir)
@@ -116,8 +114,8 @@ def _convert(gguf: Path, out_dir: Path) -> tuple[int, int]:
 def ensure_demo_model(cache_dir: Path | None = None) -> Path:
     """Return a directory holding the converted demo checkpoint, converting it once if needed.
 
-    Safe with concurrent callers: the conversion goes into a temporary sibling directory
-    that is renamed into place under a file lock, after its completion marker is written.
+    Safe with concurrent callers: the conversion is published whole
+    (:func:`ray_stream_llm.cache.publishing`), after its completion marker is written.
     A cached copy made from a GGUF file of a different size is converted again.
     """
     gguf = find_gguf()
@@ -125,24 +123,18 @@ def ensure_demo_model(cache_dir: Path | None = None) -> Path:
     final = root / DEMO_MODEL_NAME
     if _is_complete(final, gguf):
         return final
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root / f"{DEMO_MODEL_NAME}.lock")):
+    with publishing(final, lock_dir=root) as staging:
         if _is_complete(final, gguf):  # another caller finished while we waited
             return final
-        tmp = Path(tempfile.mkdtemp(prefix=f".{DEMO_MODEL_NAME}.tmp-", dir=root))
-        try:
-            os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is meant to be read
-            start = time.monotonic()
-            parameters, written = _convert(gguf, tmp)
-            if final.exists():  # stale or incomplete: move aside, then swap the new one in
-                stale = Path(tempfile.mkdtemp(prefix=f".{DEMO_MODEL_NAME}.stale-", dir=root))
-                os.rename(final, stale / DEMO_MODEL_NAME)
-                shutil.rmtree(stale, ignore_errors=True)
-            os.rename(tmp, final)
-            logger.info(
-                "Converted %s to %s: %d parameters, %d bytes written in %.1f s",
-                gguf.name, final, parameters, written, time.monotonic() - start,
-            )
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        start = time.monotonic()
+        parameters, written = _convert(gguf, staging)
+        replace(staging, final)
+        logger.info(
+            "Converted %s to %s: %d parameters, %d bytes written in %.1f s",
+            gguf.name,
+            final,
+            parameters,
+            written,
+            time.monotonic() - start,
+        )
     return final

@@ -48,8 +48,14 @@ TOOL_USE_TEMPLATE = (
     "{{ '<|system|>\ntool: ' + tool['function']['name'] + '<|end|>\n' }}"
     "{% endfor %}" + CHAT_TEMPLATE
 )
-LLAMA_SHAPE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+LLAMA_SHAPE = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+)
 SHARD_SIZE = "300KB"  # embeddings are 512 KiB each: gives 4 shards for the tiny model
 
 
@@ -65,8 +71,19 @@ class UploadedModel:
 
 
 # --- the metadata rule, stated independently of ray_stream_llm.patterns -----------------
-WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.gguf", "*.h5",
-                "*.msgpack", "*.onnx", "*.tensors", "consolidated.*")
+WEIGHT_GLOBS = (
+    "*.safetensors",
+    "*.bin",
+    "*.pt",
+    "*.pth",
+    "*.ckpt",
+    "*.gguf",
+    "*.h5",
+    "*.msgpack",
+    "*.onnx",
+    "*.tensors",
+    "consolidated.*",
+)
 METADATA_GLOBS = ("*.json", "*.jinja", "*.py", "*.model", "*.tiktoken", "merges.txt", "vocab.txt")
 METADATA_DIRS = ("additional_chat_templates",)
 
@@ -101,11 +118,70 @@ def weight_files(model_dir: Path) -> frozenset[str]:
 # --- tokenizer and model --------------------------------------------------------------------
 def _corpus(lines: int = 5000, seed: int = 0) -> Iterator[str]:
     rnd = random.Random(seed)
-    words = ("the quick brown fox jumps over lazy dog ray data vllm model streamer object "
-             "store bucket tensor weight layer token batch inference hello world what is "
-             "answer question user assistant system one two three four five").split()
-    syllables = ("ka lo mi ren tas vu zer qo bli dra fen gor hul jix nop pre sta tri wel yam "
-                 "cho sku ith orn").split()
+    words = [
+        "the",
+        "quick",
+        "brown",
+        "fox",
+        "jumps",
+        "over",
+        "lazy",
+        "dog",
+        "ray",
+        "data",
+        "vllm",
+        "model",
+        "streamer",
+        "object",
+        "store",
+        "bucket",
+        "tensor",
+        "weight",
+        "layer",
+        "token",
+        "batch",
+        "inference",
+        "hello",
+        "world",
+        "what",
+        "is",
+        "answer",
+        "question",
+        "user",
+        "assistant",
+        "system",
+        "one",
+        "two",
+        "three",
+        "four",
+        "five",
+    ]
+    syllables = [
+        "ka",
+        "lo",
+        "mi",
+        "ren",
+        "tas",
+        "vu",
+        "zer",
+        "qo",
+        "bli",
+        "dra",
+        "fen",
+        "gor",
+        "hul",
+        "jix",
+        "nop",
+        "pre",
+        "sta",
+        "tri",
+        "wel",
+        "yam",
+        "cho",
+        "sku",
+        "ith",
+        "orn",
+    ]
     # pseudo-words give BPE enough distinct merges to fill the vocabulary
     words += ["".join(rnd.choice(syllables) for _ in range(rnd.randint(1, 4))) for _ in range(3000)]
     for _ in range(lines):
@@ -121,9 +197,12 @@ def _trained_bpe_json() -> str:
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(_corpus(), trainer=trainer)
     return tok.to_str()
 
@@ -133,9 +212,13 @@ def make_tokenizer() -> Any:
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_trained_bpe_json()),
-                                   bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                   model_max_length=512)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(_trained_bpe_json()),
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        model_max_length=512,
+    )
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
@@ -144,16 +227,26 @@ def _make_model(tok: Any) -> Any:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=len(tok), max_position_embeddings=512,
-                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                         pad_token_id=tok.pad_token_id, tie_word_embeddings=False,
-                         rms_norm_eps=1e-5, rope_theta=10000.0, **LLAMA_SHAPE)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        max_position_embeddings=512,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        **LLAMA_SHAPE,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
     model.generation_config = GenerationConfig(
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id, max_new_tokens=32)
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        max_new_tokens=32,
+    )
     return model
 
 
@@ -164,8 +257,9 @@ def build_tiny_llama(dest: Path, *, shards: int = 1) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     tok = make_tokenizer()
     model = _make_model(tok)
-    model.save_pretrained(dest, safe_serialization=True,
-                          max_shard_size=SHARD_SIZE if shards > 1 else "5GB")
+    model.save_pretrained(
+        dest, safe_serialization=True, max_shard_size=SHARD_SIZE if shards > 1 else "5GB"
+    )
     tok.save_pretrained(dest)
     if shards > 1:
         found = sorted(dest.glob("model-*-of-*.safetensors"))
@@ -203,32 +297,49 @@ def _hub_mirror(dest: Path) -> Path:
     (dest / "original").mkdir(exist_ok=True)
     torch.save(state, dest / "original" / "consolidated.00.pth")
     config = json.loads((dest / "config.json").read_text())
-    params = {"dim": config["hidden_size"], "n_layers": config["num_hidden_layers"],
-              "n_heads": config["num_attention_heads"], "n_kv_heads": config["num_key_value_heads"],
-              "vocab_size": config["vocab_size"], "norm_eps": config["rms_norm_eps"],
-              "rope_theta": 10000.0}
+    params = {
+        "dim": config["hidden_size"],
+        "n_layers": config["num_hidden_layers"],
+        "n_heads": config["num_attention_heads"],
+        "n_kv_heads": config["num_key_value_heads"],
+        "vocab_size": config["vocab_size"],
+        "norm_eps": config["rms_norm_eps"],
+        "rope_theta": 10000.0,
+    }
     _write(dest / "original" / "params.json", json.dumps(params, indent=2))
     _write(dest / "original" / "tokenizer.model", b"\x0a\x05<unk>\x15\x00\x00\x00\x00\x18\x02")
     bpe = Tokenizer.from_str(_trained_bpe_json())
     bpe.model.save(str(dest))  # vocab.json + merges.txt (slow-tokenizer files)
     added = {t: bpe.token_to_id(t) for t in SPECIAL_TOKENS}
     _write(dest / "added_tokens.json", json.dumps(added, indent=2))
-    _write(dest / "special_tokens_map.json", json.dumps(
-        {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}, indent=2))
+    _write(
+        dest / "special_tokens_map.json",
+        json.dumps({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}, indent=2),
+    )
     _write(dest / "qwen.tiktoken", "IQ== 0\nIg== 1\nIw== 2\n")
     _write(dest / "preprocessor_config.json", "{}\n")
-    _write(dest / "README.md", "---\nlicense: apache-2.0\nlibrary_name: transformers\n---\n"
-                               "# tiny-llama\n\nRandom weights, for tests only.\n")
-    _write(dest / ".gitattributes", "*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
-                                    "*.bin filter=lfs diff=lfs merge=lfs -text\n"
-                                    "*.pth filter=lfs diff=lfs merge=lfs -text\n")
-    _write(dest / "configuration_custom.py",
-           "from transformers import LlamaConfig\n\n\n"
-           "class CustomConfig(LlamaConfig):\n    model_type = \"custom-llama\"\n")
-    _write(dest / "modeling_custom.py",
-           "from transformers import LlamaForCausalLM\n\n"
-           "from .configuration_custom import CustomConfig\n\n\n"
-           "class CustomForCausalLM(LlamaForCausalLM):\n    config_class = CustomConfig\n")
+    _write(
+        dest / "README.md",
+        "---\nlicense: apache-2.0\nlibrary_name: transformers\n---\n"
+        "# tiny-llama\n\nRandom weights, for tests only.\n",
+    )
+    _write(
+        dest / ".gitattributes",
+        "*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
+        "*.bin filter=lfs diff=lfs merge=lfs -text\n"
+        "*.pth filter=lfs diff=lfs merge=lfs -text\n",
+    )
+    _write(
+        dest / "configuration_custom.py",
+        "from transformers import LlamaConfig\n\n\n"
+        'class CustomConfig(LlamaConfig):\n    model_type = "custom-llama"\n',
+    )
+    _write(
+        dest / "modeling_custom.py",
+        "from transformers import LlamaForCausalLM\n\n"
+        "from .configuration_custom import CustomConfig\n\n\n"
+        "class CustomForCausalLM(LlamaForCausalLM):\n    config_class = CustomConfig\n",
+    )
     _write(dest / "model.gguf", b"GGUF\x03\x00\x00\x00")
     _write(dest / "flax_model.msgpack", b"\x80")
     _write(dest / "tf_model.h5", b"\x89HDF\r\n\x1a\n")
@@ -249,11 +360,22 @@ LAYOUTS: dict[str, Callable[[Path], Path]] = {
 REQUIRED_METADATA: dict[str, frozenset[str]] = {
     "single": frozenset({"config.json", "tokenizer.json"}),
     "sharded": frozenset({"config.json", "tokenizer.json", "model.safetensors.index.json"}),
-    "hub-mirror": frozenset({
-        "config.json", "tokenizer.json", "vocab.json", "merges.txt", "added_tokens.json",
-        "special_tokens_map.json", "qwen.tiktoken", "preprocessor_config.json",
-        "configuration_custom.py", "modeling_custom.py", "chat_template.jinja",
-        "additional_chat_templates/tool_use.jinja"}),
+    "hub-mirror": frozenset(
+        {
+            "config.json",
+            "tokenizer.json",
+            "vocab.json",
+            "merges.txt",
+            "added_tokens.json",
+            "special_tokens_map.json",
+            "qwen.tiktoken",
+            "preprocessor_config.json",
+            "configuration_custom.py",
+            "modeling_custom.py",
+            "chat_template.jinja",
+            "additional_chat_templates/tool_use.jinja",
+        }
+    ),
 }
 
 
@@ -306,5 +428,8 @@ def tensor_bytes(path: Path) -> int:
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(n))
-    return sum(v["data_offsets"][1] - v["data_offsets"][0]
-               for k, v in header.items() if k != "__metadata__")
+    return sum(
+        v["data_offsets"][1] - v["data_offsets"][0]
+        for k, v in header.items()
+        if k != "__metadata__"
+    )

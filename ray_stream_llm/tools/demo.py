@@ -47,17 +47,16 @@ def weight_files_written(roots: list[Path], since: float) -> dict[str, int]:
     return found
 
 
-def run_demo(workdir: str | None = None, *, keep: bool = False) -> int:
-    from ray_stream_llm._localstore import LocalS3Server
-    from ray_stream_llm.demo_model import ensure_demo_model
-    from ray_stream_llm.job import run_job
+def run_demo(workdir: str | None = None) -> int:
+    from ray_stream_llm.tools.demo_model import ensure_demo_model
+    from ray_stream_llm.tools.isolated import private_dirs
+    from ray_stream_llm.tools.job import run_job
+    from ray_stream_llm.tools.localstore import LocalS3Server
 
     root = Path(workdir or tempfile.mkdtemp(prefix="ray-stream-llm-demo-"))
     root.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("VLLM_RPC_BASE_PATH", str(root / "rpc"))
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "torchinductor"))
-    (root / "rpc").mkdir(exist_ok=True)
+    for name, value in private_dirs(root).items():  # vLLM's sockets, torch's cache: ours
+        os.environ.setdefault(name, value)
     print("Converting the demo model (cached after the first run) ...", flush=True)
     local_model = ensure_demo_model()  # in the user's cache: converted once, reused
     os.environ.setdefault("RAY_STREAM_LLM_CACHE", str(root / "cache"))
@@ -75,10 +74,14 @@ def run_demo(workdir: str | None = None, *, keep: bool = False) -> int:
     for row in result.rows:
         print(f"\nQ: {row['question']}\nA: {row['answer'].strip()}")
     weights_streamed = sum(
-        os.path.getsize(local_model / Path(u).name) for u in read if (local_model / Path(u).name).exists()
+        os.path.getsize(local_model / Path(u).name)
+        for u in read
+        if (local_model / Path(u).name).exists()
     )
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    written = weight_files_written([root, cache, Path(tempfile.gettempdir()), Path("/dev/shm")], job_start)
+    written = weight_files_written(
+        [root, cache, Path(tempfile.gettempdir()), Path("/dev/shm")], job_start
+    )
     print(
         f"\nLoad: {result.metadata_files} metadata files ({_mb(result.metadata_bytes)}) fetched; "
         f"{len(read)} safetensors object(s) ({_mb(weights_streamed)}) read by the engine from the "
@@ -86,6 +89,6 @@ def run_demo(workdir: str | None = None, *, keep: bool = False) -> int:
         f"written to local disk; {len(result.rows)}/{len(QUESTIONS)} rows; first row at "
         f"{result.first_row_seconds:.1f}s, total {result.total_seconds:.1f}s"
     )
-    if not keep and workdir is None:
+    if workdir is None:
         shutil.rmtree(root, ignore_errors=True)
     return 0 if len(result.rows) == len(QUESTIONS) else 1

@@ -21,10 +21,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from models import UploadedModel, metadata_files, weight_files
+from helpers.models import UploadedModel, metadata_files, weight_files
 from ray_stream_llm import fetch_model_metadata, inspect_model
-from ray_stream_llm._localstore import _free_ports
-from ray_stream_llm.store import ObjectStoreConfig
+from ray_stream_llm.stores.settings import ObjectStoreConfig
+from ray_stream_llm.tools.localstore import _free_ports
 
 # time=... level=INFO msg="127.0.0.1 - - [date] \"GET /path?query HTTP/1.1\" 200 379\n"
 _ACCESS = re.compile(r'\\"(?P<method>[A-Z]+) (?P<target>\S+) HTTP/[\d.]+\\" (?P<status>\d+)')
@@ -58,8 +58,10 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: floa
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{url}: the emulator exited ({proc.returncode}): "
-                               f"{log.read_text(errors='replace')[-2000:]}")
+            raise RuntimeError(
+                f"{url}: the emulator exited ({proc.returncode}): "
+                f"{log.read_text(errors='replace')[-2000:]}"
+            )
         try:
             with urllib.request.urlopen(url, timeout=1):
                 return
@@ -80,8 +82,13 @@ class _Server:
 
     def _start(self, argv: list[str]) -> None:
         with open(self.log_path, "wb") as log:
-            self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, start_new_session=True)
+            self._proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def __exit__(self, *exc: object) -> None:
         if self._proc is not None:
@@ -120,18 +127,37 @@ class GCSEmulator(_Server):
         self.log_path = Path(root) / "fake-gcs-server.log"
 
     def __enter__(self) -> GCSEmulator:
-        self._start([str(self.binary), "-scheme", "http", "-backend", "memory",
-                     "-host", "127.0.0.1", "-port", str(self.port), "-external-url", self.endpoint,
-                     "-public-host", f"127.0.0.1:{self.port}", "-log-level", "info"])
+        self._start(
+            [
+                str(self.binary),
+                "-scheme",
+                "http",
+                "-backend",
+                "memory",
+                "-host",
+                "127.0.0.1",
+                "-port",
+                str(self.port),
+                "-external-url",
+                self.endpoint,
+                "-public-host",
+                f"127.0.0.1:{self.port}",
+                "-log-level",
+                "info",
+            ]
+        )
         _wait_http(f"{self.endpoint}/storage/v1/b", self._proc, self.log_path, 30)
         return self
 
-    def client(self):  # noqa: ANN201 - google.cloud.storage.Client
+    def client(self):
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import storage
 
-        return storage.Client(project="test", credentials=AnonymousCredentials(),
-                              client_options={"api_endpoint": self.endpoint})
+        return storage.Client(
+            project="test",
+            credentials=AnonymousCredentials(),
+            client_options={"api_endpoint": self.endpoint},
+        )
 
     def upload_dir(self, local_dir: Path, uri: str) -> list[str]:
         """Upload every file under ``local_dir`` to ``gs://bucket/prefix/``; the keys, sorted."""
@@ -156,8 +182,9 @@ class GCSEmulator(_Server):
                 continue
             target = urllib.parse.urlsplit(access["target"])
             media = _MEDIA.match(target.path)
-            if media is None or (not target.path.startswith("/download")
-                                 and "alt=media" not in target.query):
+            if media is None or (
+                not target.path.startswith("/download") and "alt=media" not in target.query
+            ):
                 continue
             key = urllib.parse.unquote(media["key"])
             reader = "python" if target.path.startswith("/download/") else "cpp"
@@ -166,20 +193,26 @@ class GCSEmulator(_Server):
 
 
 AZURITE_ACCOUNT = "devstoreaccount1"
-AZURITE_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/"
-               "KBHBeksoGMGw==")  # Azurite's well-known development key
+AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/"
+    "KBHBeksoGMGw=="
+)  # Azurite's well-known development key
 AZURITE_NPM = "npm install --prefix .venv/azurite azurite@3.35.0"
 SYSTEM_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")  # compiled into the reader
 # 127.0.0.1 - - [29/Nov/2026:13:58:54 +0000] "GET /models/tiny/model.safetensors HTTP/1.1" 206 96
-_AZ_ACCESS = re.compile(r'"(?P<method>[A-Z]+) (?P<target>\S+) HTTP/[\d.]+" (?P<status>\d+) '
-                        r'(?P<bytes>\d+|-)')
+_AZ_ACCESS = re.compile(
+    r'"(?P<method>[A-Z]+) (?P<target>\S+) HTTP/[\d.]+" (?P<status>\d+) '
+    r"(?P<bytes>\d+|-)"
+)
 
 
 def azurite_binary() -> Path | None:
     """``azurite-blob`` from $AZURITE_BLOB, the venv's npm prefix, or PATH."""
-    for candidate in (os.environ.get("AZURITE_BLOB"),
-                      str(Path(sys.prefix) / "azurite" / "node_modules" / ".bin" / "azurite-blob"),
-                      shutil.which("azurite-blob")):
+    for candidate in (
+        os.environ.get("AZURITE_BLOB"),
+        str(Path(sys.prefix) / "azurite" / "node_modules" / ".bin" / "azurite-blob"),
+        shutil.which("azurite-blob"),
+    ):
         if candidate and Path(candidate).is_file():
             return Path(candidate)
     return None
@@ -197,20 +230,29 @@ def self_signed_cert(directory: Path, hosts: list[str]) -> tuple[Path, Path]:
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     san = [x509.DNSName(h) for h in hosts] + [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName(san), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName(san), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
     cert_path, key_path = directory / "cert.pem", directory / "key.pem"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     return cert_path, key_path
 
 
@@ -222,18 +264,35 @@ class Azurite(_Server):
         (self.port,) = _free_ports(1)
         self.endpoint = f"https://127.0.0.1:{self.port}/{AZURITE_ACCOUNT}"  # path style
         self.reader_suffix = f"localhost:{self.port}"  # https://devstoreaccount1.localhost:port
-        self.cert, self.key = self_signed_cert(self.root, ["localhost",
-                                                           f"{AZURITE_ACCOUNT}.localhost"])
+        self.cert, self.key = self_signed_cert(
+            self.root, ["localhost", f"{AZURITE_ACCOUNT}.localhost"]
+        )
         self.connection_string = (
             f"DefaultEndpointsProtocol=https;AccountName={AZURITE_ACCOUNT};"
-            f"AccountKey={AZURITE_KEY};BlobEndpoint={self.endpoint};")
+            f"AccountKey={AZURITE_KEY};BlobEndpoint={self.endpoint};"
+        )
         self.log_path = self.root / "azurite.log"
 
     def __enter__(self) -> Azurite:
-        self._start([str(self.binary), "--blobHost", "127.0.0.1", "--blobPort", str(self.port),
-                     "--inMemoryPersistence", "--skipApiVersionCheck", "--loose",
-                     "--disableTelemetry", "--extentMemoryLimit", "512",
-                     "--cert", str(self.cert), "--key", str(self.key)])
+        self._start(
+            [
+                str(self.binary),
+                "--blobHost",
+                "127.0.0.1",
+                "--blobPort",
+                str(self.port),
+                "--inMemoryPersistence",
+                "--skipApiVersionCheck",
+                "--loose",
+                "--disableTelemetry",
+                "--extentMemoryLimit",
+                "512",
+                "--cert",
+                str(self.cert),
+                "--key",
+                str(self.key),
+            ]
+        )
         deadline = time.monotonic() + 30
         while b"successfully listens" not in self.log_path.read_bytes():
             if self._proc.poll() is not None or time.monotonic() > deadline:
@@ -242,11 +301,12 @@ class Azurite(_Server):
             time.sleep(0.1)
         return self
 
-    def client(self):  # noqa: ANN201 - azure.storage.blob.BlobServiceClient
+    def client(self):
         from azure.storage.blob import BlobServiceClient
 
-        return BlobServiceClient.from_connection_string(self.connection_string,
-                                                        connection_verify=str(self.cert))
+        return BlobServiceClient.from_connection_string(
+            self.connection_string, connection_verify=str(self.cert)
+        )
 
     def upload_dir(self, local_dir: Path, uri: str) -> list[str]:
         """Upload every file under ``local_dir`` to ``az://container/prefix/``; the keys."""
@@ -277,8 +337,14 @@ class Azurite(_Server):
             if not key or "comp=" in target.query or "restype=" in target.query:
                 continue
             size = 0 if access["bytes"] == "-" else int(access["bytes"])
-            found.append(ObjectRead(f"az://{container}/{urllib.parse.unquote(key)}",
-                                    int(access["status"]), reader, size))
+            found.append(
+                ObjectRead(
+                    f"az://{container}/{urllib.parse.unquote(key)}",
+                    int(access["status"]),
+                    reader,
+                    size,
+                )
+            )
         return found
 
 
@@ -290,33 +356,53 @@ def trusting(cert: Path, workdir: Path) -> list[str] | None:
         return None
     bundle = workdir / "ca-bundle.crt"
     bundle.write_bytes(SYSTEM_CA_BUNDLE.read_bytes() + b"\n" + cert.read_bytes())
-    prefix = ["unshare", "--mount", "--map-root-user", "sh", "-c",
-              f'mount --bind "{bundle}" {SYSTEM_CA_BUNDLE} && exec "$@"', "sh"]
+    prefix = [
+        "unshare",
+        "--mount",
+        "--map-root-user",
+        "sh",
+        "-c",
+        f'mount --bind "{bundle}" {SYSTEM_CA_BUNDLE} && exec "$@"',
+        "sh",
+    ]
     probe = subprocess.run([*prefix, "true"], capture_output=True, timeout=30)
     return prefix if probe.returncode == 0 else None
 
 
-def upload_layouts(emulator: GCSEmulator | Azurite, root_uri: str, names: tuple[str, ...],
-                   tiny_layout: Callable[[str], Path]) -> dict[str, UploadedModel]:
+def upload_layouts(
+    emulator: GCSEmulator | Azurite,
+    root_uri: str,
+    names: tuple[str, ...],
+    tiny_layout: Callable[[str], Path],
+) -> dict[str, UploadedModel]:
     """Each layout of tests/models.py uploaded to ``<root_uri><name>/``."""
     uploaded = {}
     for name in names:
         local = tiny_layout(name)
         uri = f"{root_uri}{name}/"
         emulator.upload_dir(local, uri)
-        uploaded[name] = UploadedModel(name=name, uri=uri, local=local,
-                                       metadata=metadata_files(local), weights=weight_files(local))
+        uploaded[name] = UploadedModel(
+            name=name,
+            uri=uri,
+            local=local,
+            metadata=metadata_files(local),
+            weights=weight_files(local),
+        )
     return uploaded
 
 
-def check_metadata_fetch(emulator: GCSEmulator | Azurite, model: UploadedModel,
-                         store: ObjectStoreConfig, dest: Path) -> None:
+def check_metadata_fetch(
+    emulator: GCSEmulator | Azurite, model: UploadedModel, store: ObjectStoreConfig, dest: Path
+) -> None:
     """fetch_model_metadata twice: the first writes exactly the metadata files, byte for byte,
     reading each of them from the store once and no weight; the second reads nothing."""
     before = len(emulator.reads())
     path = fetch_model_metadata(model.uri, dest, object_store=store)
-    on_disk = {str(p.relative_to(path)): p.read_bytes() for p in path.rglob("*")
-               if p.is_file() and p.name != ".ray_stream_llm.json"}
+    on_disk = {
+        str(p.relative_to(path)): p.read_bytes()
+        for p in path.rglob("*")
+        if p.is_file() and p.name != ".ray_stream_llm.json"
+    }
     assert on_disk == {rel: (model.local / rel).read_bytes() for rel in model.metadata}
     reads = emulator.reads()[before:]
     assert sorted(r.uri for r in reads) == sorted(model.uri + rel for rel in model.metadata)
@@ -326,8 +412,9 @@ def check_metadata_fetch(emulator: GCSEmulator | Azurite, model: UploadedModel,
     assert len(emulator.reads()) == before + len(reads)
 
 
-def check_inspect(emulator: GCSEmulator | Azurite, model: UploadedModel,
-                  store: ObjectStoreConfig) -> list[ObjectRead]:
+def check_inspect(
+    emulator: GCSEmulator | Azurite, model: UploadedModel, store: ObjectStoreConfig
+) -> list[ObjectRead]:
     """inspect_model finds the model streamable, with the local files' weight bytes and
     tensors; returns what it read, each a whole object or a range, by a Python client."""
     before = len(emulator.reads())
@@ -340,8 +427,13 @@ def check_inspect(emulator: GCSEmulator | Azurite, model: UploadedModel,
     return reads
 
 
-def check_stream(emulator: GCSEmulator | Azurite, model: UploadedModel, env: dict[str, str],
-                 home: Path, prefix: list[str] | None = None) -> list[ObjectRead]:
+def check_stream(
+    emulator: GCSEmulator | Azurite,
+    model: UploadedModel,
+    env: dict[str, str],
+    home: Path,
+    prefix: list[str] | None = None,
+) -> list[ObjectRead]:
     """The streamer, in a process with ``env`` only, lists the model's shards and returns every
     tensor equal to the local files; returns what the store served, all to its C++ reader."""
     before = len(emulator.reads())
@@ -370,13 +462,19 @@ print(json.dumps({"files": files, "tensors": tensors}))
 """
 
 
-def stream_in_subprocess(uri: str, env: dict[str, str], home: Path,
-                         prefix: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+def stream_in_subprocess(
+    uri: str, env: dict[str, str], home: Path, prefix: list[str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """List ``uri``'s safetensors and stream them with the Run:ai streamer in a process whose
     environment is PATH, HOME and ``env`` only (``prefix``: a command wrapping Python)."""
     clean = {"PATH": os.environ["PATH"], "HOME": str(home), **env}
-    return subprocess.run([*(prefix or []), sys.executable, "-c", STREAM, uri], env=clean,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [*(prefix or []), sys.executable, "-c", STREAM, uri],
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def local_tensors(model_dir: Path) -> dict[str, list]:

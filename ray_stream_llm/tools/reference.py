@@ -1,6 +1,6 @@
 """The configuration reference in the README, generated from the config models.
 
-``python -m ray_stream_llm._reference`` prints it; ``--write README.md`` replaces the
+``python -m ray_stream_llm.tools.reference`` prints it; ``--write README.md`` replaces the
 part between the markers. tests/test_docs.py fails when the README drifts from the code.
 """
 
@@ -20,7 +20,7 @@ def _type(annotation: Any) -> str:
         return "Literal[" + ", ".join(sorted(repr(a) for a in typing.get_args(annotation))) + "]"
     text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
     text = text or str(annotation)
-    for noise in ("typing.", "pydantic.types.", "ray_stream_llm.store.", "NoneType"):
+    for noise in ("typing.", "pydantic.types.", "ray_stream_llm.stores.settings.", "NoneType"):
         text = text.replace(noise, "" if noise != "NoneType" else "None")
     return text.replace("|", "\\|")
 
@@ -38,12 +38,12 @@ def _table(model: Any, title: str) -> list[str]:
     for name, field in model.model_fields.items():
         description = " ".join((field.description or "").split()).replace("|", "\\|")
         rows.append(f"| `{name}` | {_type(field.annotation)} | {_default(field)} | {description} |")
-    return rows + [""]
+    return [*rows, ""]
 
 
 def config_reference() -> str:
-    from ray_stream_llm.processor import StreamingvLLMEngineProcessorConfig
-    from ray_stream_llm.store import ObjectStoreConfig
+    from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig
+    from ray_stream_llm.stores.settings import ObjectStoreConfig
 
     lines = _table(StreamingvLLMEngineProcessorConfig, "StreamingvLLMEngineProcessorConfig")
     lines += _table(ObjectStoreConfig, "ObjectStoreConfig")

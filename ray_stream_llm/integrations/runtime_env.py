@@ -6,7 +6,8 @@ stage's ``runtime_env``, and
 tokens, Azure keys) do not go into the runtime_env, because Ray's runtime-env
 agent writes runtime_envs to its log: they travel in the stage UDFs'
 constructor arguments and are set in each actor's environment there
-(``_ray.SecretEnv``). A value the user already set differently is an error
+(:class:`ray_stream_llm.integrations.udfs.SecretEnv`). A value the user already
+set differently is an error
 naming both sources; secrets are never shown.
 """
 
@@ -19,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ray_stream_llm.errors import SettingsConflictError
-from ray_stream_llm.store import StoreSettings
+from ray_stream_llm.stores.settings import StoreSettings
 
 _STAGES = ("chat_template_stage", "tokenize_stage", "detokenize_stage", "prepare_multimodal_stage")
 _HIDDEN = "**********"
@@ -50,7 +51,9 @@ def merge_runtime_env(
     return merged
 
 
-def merge_engine_kwargs(engine_kwargs: Mapping[str, Any], settings: StoreSettings) -> dict[str, Any]:
+def merge_engine_kwargs(
+    engine_kwargs: Mapping[str, Any], settings: StoreSettings
+) -> dict[str, Any]:
     """``engine_kwargs`` with the streamer tuning in ``model_loader_extra_config``."""
     merged = dict(engine_kwargs)
     if not settings.model_loader_extra_config:
@@ -84,7 +87,9 @@ def job_runtime_env() -> dict[str, Any] | None:
         return None
 
 
-def store_updates(config: Any, settings: StoreSettings, updates: Mapping[str, Any]) -> dict[str, Any]:
+def store_updates(
+    config: Any, settings: StoreSettings, updates: Mapping[str, Any]
+) -> dict[str, Any]:
     """Check the user's runtime_envs against ``settings`` (processor, stages, the Ray job's),
     before anything starts; return the config updates (the engine's loader settings).
 
@@ -105,11 +110,15 @@ def store_updates(config: Any, settings: StoreSettings, updates: Mapping[str, An
     return {}
 
 
-def deliver_env(map_batches_kwargs: Mapping[str, Any], settings: StoreSettings, stage: str) -> dict[str, Any]:
+def deliver_env(
+    map_batches_kwargs: Mapping[str, Any], settings: StoreSettings, stage: str
+) -> dict[str, Any]:
     """A stage's ``map_batches`` kwargs with the non-secret settings in its runtime_env."""
     out = dict(map_batches_kwargs)
     if settings.env:
-        out["runtime_env"] = merge_runtime_env(out.get("runtime_env"), settings, f"{stage} runtime_env")
+        out["runtime_env"] = merge_runtime_env(
+            out.get("runtime_env"), settings, f"{stage} runtime_env"
+        )
     return out
 
 

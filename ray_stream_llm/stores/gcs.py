@@ -11,23 +11,23 @@ for the streamer's C++ reader).
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from ray_stream_llm._backends import ObjectInfo, timed_out, unreachable
 from ray_stream_llm.errors import (
     AccessDeniedError,
     ModelNotFoundError,
     RayStreamLLMError,
     StoreUnreachableError,
 )
-from ray_stream_llm.store import ObjectStoreConfig, derive_settings
+from ray_stream_llm.redact import redact
+from ray_stream_llm.stores.base import Client, ObjectInfo, StoreDeadline, timed_out, unreachable
+from ray_stream_llm.stores.settings import ObjectStoreConfig, derive_settings, setting
 from ray_stream_llm.uri import ModelURI
 
 _DEFAULT_ENDPOINT = "https://storage.googleapis.com"
-_TIMEOUT = (10, 60)  # connect, read (seconds)
+_TIMEOUT = (5, 10)  # per attempt: connect, read (seconds); StoreDeadline bounds the total
 _SCOPES = ["https://www.googleapis.com/auth/devstorage.read_only"]
 _CREDENTIALS_FIX = (
     "set gcs_credentials_file in ObjectStoreConfig (or RUNAI_STREAMER_GCS_CREDENTIAL_FILE) to a "
@@ -44,11 +44,9 @@ def _retry() -> Any:
     return DEFAULT_RETRY.with_delay(initial=0.25, maximum=2.0, multiplier=2.0).with_timeout(5.0)
 
 
-def _setting(env: dict[str, str], name: str) -> str | None:
-    return env.get(name) or os.environ.get(name) or None
-
-
-def make_client(store: ObjectStoreConfig | None = None) -> Any:
+def make_client(
+    store: ObjectStoreConfig | None = None, deadline: StoreDeadline | None = None
+) -> Client:
     """A ``google.cloud.storage.Client``: from ``store`` where it sets something, from the
     environment for the rest."""
     import google.auth
@@ -57,9 +55,9 @@ def make_client(store: ObjectStoreConfig | None = None) -> Any:
     from google.cloud import storage
 
     env = derive_settings(store).env
-    endpoint = _setting(env, "STORAGE_EMULATOR_HOST")
-    anonymous = (_setting(env, "RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS") or "").lower()
-    keyfile = _setting(env, "RUNAI_STREAMER_GCS_CREDENTIAL_FILE")
+    endpoint = setting(env, "STORAGE_EMULATOR_HOST")
+    anonymous = (setting(env, "RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS") or "").lower()
+    keyfile = setting(env, "RUNAI_STREAMER_GCS_CREDENTIAL_FILE")
     where = f"endpoint {endpoint or _DEFAULT_ENDPOINT!r}"
     try:
         if anonymous in ("1", "true"):
@@ -67,27 +65,30 @@ def make_client(store: ObjectStoreConfig | None = None) -> Any:
         elif keyfile:  # any type the streamer's own listing accepts (it calls the same)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
-                credentials, project = google.auth.load_credentials_from_file(keyfile,
-                                                                              scopes=_SCOPES)
+                credentials, project = google.auth.load_credentials_from_file(
+                    keyfile, scopes=_SCOPES
+                )
         else:
             credentials, project = google.auth.default(scopes=_SCOPES)
     except aexc.DefaultCredentialsError as exc:
-        source = f"the credentials file {keyfile!r}" if keyfile else (
-            "Application Default Credentials")
+        source = (
+            f"the credentials file {keyfile!r}" if keyfile else ("Application Default Credentials")
+        )
         raise AccessDeniedError(
             f"no usable Google credentials for {where} ({source}: {exc}); {_CREDENTIALS_FIX}"
         ) from None
     options = {"api_endpoint": endpoint} if endpoint else None
     # "<none>": listing and reading objects need no project (as Client.create_anonymous_client)
-    return storage.Client(project=project or "<none>", credentials=credentials,
-                          client_options=options)
+    return storage.Client(
+        project=project or "<none>", credentials=credentials, client_options=options
+    )
 
 
-def endpoint_of(client: Any) -> str:
-    return str(client.api_endpoint or _DEFAULT_ENDPOINT)
+def endpoint_of(client: Client) -> str:
+    return redact(client.api_endpoint or _DEFAULT_ENDPOINT)
 
 
-def translate(exc: BaseException, uri: ModelURI, client: Any, what: str) -> RayStreamLLMError:
+def translate(exc: BaseException, uri: ModelURI, client: Client, what: str) -> RayStreamLLMError:
     """Turn a google-cloud-storage / google-auth / requests exception into a typed error."""
     import requests
     from google.api_core import exceptions as gexc
@@ -104,8 +105,9 @@ def translate(exc: BaseException, uri: ModelURI, client: Any, what: str) -> RayS
                 "and the endpoint (gcs_emulator_endpoint / STORAGE_EMULATOR_HOST)"
             )
         return ModelNotFoundError(f"not found: {where}; check the path")
-    if isinstance(exc, (gexc.Forbidden, gexc.Unauthorized, aexc.RefreshError,
-                        aexc.DefaultCredentialsError)):
+    if isinstance(
+        exc, (gexc.Forbidden, gexc.Unauthorized, aexc.RefreshError, aexc.DefaultCredentialsError)
+    ):
         return AccessDeniedError(f"access denied ({where}): {exc}; {_CREDENTIALS_FIX}")
     if isinstance(exc, (requests.Timeout, gexc.DeadlineExceeded)):
         return timed_out(where)
@@ -120,7 +122,7 @@ def translate(exc: BaseException, uri: ModelURI, client: Any, what: str) -> RayS
             f"the store answered HTTP {exc.code} ({where}): {exc.message}; check that the "
             "endpoint is a GCS JSON API endpoint"
         )
-    return RayStreamLLMError(f"{type(exc).__name__} for {where}: {exc}")
+    return RayStreamLLMError(f"{type(exc).__name__} for {where}: {redact(exc)}")
 
 
 def _errors() -> tuple[type[BaseException], ...]:
@@ -132,35 +134,43 @@ def _errors() -> tuple[type[BaseException], ...]:
     return (gexc.GoogleAPIError, aexc.GoogleAuthError, requests.RequestException, DataCorruption)
 
 
-def list_objects(client: Any, uri: ModelURI) -> Iterator[ObjectInfo]:
+def list_objects(client: Client, uri: ModelURI) -> Iterator[ObjectInfo]:
     """Every object under the model directory, recursively."""
     try:
-        for blob in client.list_blobs(uri.bucket, prefix=uri.prefix, retry=_retry(),
-                                      timeout=_TIMEOUT):
+        for blob in client.list_blobs(
+            uri.bucket, prefix=uri.prefix, retry=_retry(), timeout=_TIMEOUT
+        ):
             if blob.name.endswith("/"):  # a "folder" placeholder object
                 continue
-            yield ObjectInfo(path=uri.relative(blob.name), key=blob.name, size=int(blob.size),
-                             etag=str(blob.etag or blob.generation or ""))
+            yield ObjectInfo(
+                path=uri.relative(blob.name),
+                key=blob.name,
+                size=int(blob.size),
+                etag=str(blob.etag or blob.generation or ""),
+            )
     except _errors() as exc:
         raise translate(exc, uri, client, "listing") from None
 
 
-def download(client: Any, uri: ModelURI, obj: ObjectInfo, dest: str) -> int:
+def download(client: Client, uri: ModelURI, obj: ObjectInfo, dest: str) -> int:
     """Write one object to ``dest`` (checksum verified by the client); return the bytes written."""
     try:
         with open(dest, "wb") as f:
             client.bucket(uri.bucket).blob(obj.key).download_to_file(
-                f, retry=_retry(), timeout=_TIMEOUT)
+                f, retry=_retry(), timeout=_TIMEOUT
+            )
             return f.tell()
     except _errors() as exc:
         raise translate(exc, uri, client, f"reading {obj.path!r} of") from None
 
 
-def read(client: Any, uri: ModelURI, path: str, start: int | None = None,
-         end: int | None = None) -> bytes:
+def read(
+    client: Client, uri: ModelURI, path: str, start: int | None = None, end: int | None = None
+) -> bytes:
     """The object ``path`` of the model directory, or its bytes ``start``..``end`` inclusive."""
+    blob = client.bucket(uri.bucket).blob(uri.key(path))
     try:
-        return client.bucket(uri.bucket).blob(uri.key(path)).download_as_bytes(
-            start=start, end=end, retry=_retry(), timeout=_TIMEOUT)
+        data: bytes = blob.download_as_bytes(start=start, end=end, retry=_retry(), timeout=_TIMEOUT)
     except _errors() as exc:
         raise translate(exc, uri, client, f"reading {path!r} of") from None
+    return data

@@ -38,7 +38,8 @@ def _mapped_segments() -> set[str]:
 
 
 def orphaned_segments(since: float, pattern: str = "psm_*") -> list[Path]:
-    """``/dev/shm`` segments matching ``pattern``, created at or after ``since``, mapped by no one."""
+    """``/dev/shm`` segments matching ``pattern``, created at or after ``since``, that no
+    process maps."""
     if not SHM_DIR.is_dir():
         return []
     candidates = []
@@ -71,7 +72,9 @@ def remove_orphaned_segments(since: float, *, wait: float = 10.0) -> list[str]:
             break
         time.sleep(0.5)
     if removed:
-        logger.info("Removed %d shared-memory segment(s) left by the vLLM engine: %s", len(removed), removed)
+        logger.info(
+            "Removed %d shared-memory segment(s) left by the vLLM engine: %s", len(removed), removed
+        )
     return removed
 
 

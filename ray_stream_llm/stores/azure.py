@@ -12,18 +12,19 @@ the streamer's C++ reader requests.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
-from ray_stream_llm._backends import ObjectInfo, timed_out, unreachable
 from ray_stream_llm.errors import (
     AccessDeniedError,
     ModelNotFoundError,
     RayStreamLLMError,
     StoreUnreachableError,
 )
-from ray_stream_llm.store import AZURE_BLOB_SUFFIX, ObjectStoreConfig, derive_settings
+from ray_stream_llm.redact import redact
+from ray_stream_llm.stores.azure_connection import AZURE_BLOB_SUFFIX
+from ray_stream_llm.stores.base import Client, ObjectInfo, StoreDeadline, timed_out, unreachable
+from ray_stream_llm.stores.settings import ObjectStoreConfig, derive_settings, setting
 from ray_stream_llm.uri import ModelURI
 
 _CREDENTIALS_FIX = (
@@ -33,26 +34,26 @@ _CREDENTIALS_FIX = (
 )
 
 
-def _setting(env: dict[str, str], name: str) -> str | None:
-    return env.get(name) or os.environ.get(name) or None
-
-
-def make_client(store: ObjectStoreConfig | None = None) -> Any:
+def make_client(
+    store: ObjectStoreConfig | None = None, deadline: StoreDeadline | None = None
+) -> Client:
     """An ``azure.storage.blob.BlobServiceClient``: from ``store`` where it sets something,
     from the environment for the rest."""
     from azure.storage.blob import BlobServiceClient, ExponentialRetry
 
     env = derive_settings(store).env
+    deadline = deadline or StoreDeadline(store.timeout_s if store is not None else None)
     options: dict[str, Any] = {
-        "connection_timeout": 10,
-        "read_timeout": 60,
+        "connection_timeout": deadline.connect_timeout,
+        "read_timeout": deadline.read_timeout,
         # the default waits 15 s or more before each retry of a refused connection; ~5 s in all
-        "retry_policy": ExponentialRetry(initial_backoff=0.5, increment_base=1.5, retry_total=2,
-                                         random_jitter_range=0),
+        "retry_policy": ExponentialRetry(
+            initial_backoff=0.5, increment_base=1.5, retry_total=2, random_jitter_range=0
+        ),
     }
     if store is not None and store.ca_bundle:
         options["connection_verify"] = store.ca_bundle
-    if connection := _setting(env, "AZURE_STORAGE_CONNECTION_STRING"):
+    if connection := setting(env, "AZURE_STORAGE_CONNECTION_STRING"):
         try:
             return BlobServiceClient.from_connection_string(connection, **options)
         except ValueError:
@@ -60,13 +61,13 @@ def make_client(store: ObjectStoreConfig | None = None) -> Any:
                 "the Azure connection string is malformed (no AccountName or endpoint); "
                 "copy it again from the storage account's access keys"
             ) from None
-    account = _setting(env, "AZURE_STORAGE_ACCOUNT_NAME")
+    account = setting(env, "AZURE_STORAGE_ACCOUNT_NAME")
     if not account:
         raise AccessDeniedError(f"no Azure storage account given; {_CREDENTIALS_FIX}")
-    url = f"https://{account}.{_setting(env, 'AZURE_STORAGE_ENDPOINT_SUFFIX') or AZURE_BLOB_SUFFIX}"
-    if sas := _setting(env, "AZURE_STORAGE_SAS_TOKEN"):
+    url = f"https://{account}.{setting(env, 'AZURE_STORAGE_ENDPOINT_SUFFIX') or AZURE_BLOB_SUFFIX}"
+    if sas := setting(env, "AZURE_STORAGE_SAS_TOKEN"):
         credential: Any = sas.lstrip("?")
-    elif key := _setting(env, "AZURE_STORAGE_ACCOUNT_KEY"):
+    elif key := setting(env, "AZURE_STORAGE_ACCOUNT_KEY"):
         credential = {"account_name": account, "account_key": key}
     else:
         from azure.identity import DefaultAzureCredential
@@ -75,11 +76,11 @@ def make_client(store: ObjectStoreConfig | None = None) -> Any:
     return BlobServiceClient(account_url=url, credential=credential, **options)
 
 
-def endpoint_of(client: Any) -> str:
-    return str(client.url).rstrip("/")
+def endpoint_of(client: Client) -> str:
+    return redact(str(client.url).rstrip("/"))
 
 
-def translate(exc: BaseException, uri: ModelURI, client: Any, what: str) -> RayStreamLLMError:
+def translate(exc: BaseException, uri: ModelURI, client: Client, what: str) -> RayStreamLLMError:
     """Turn an azure-core / azure-identity exception into this library's typed error."""
     from azure.core import exceptions as aexc
 
@@ -106,7 +107,7 @@ def translate(exc: BaseException, uri: ModelURI, client: Any, what: str) -> RayS
             f"the store answered HTTP {status} {code} ({where}); check that the endpoint is "
             "an Azure Blob Storage endpoint"
         )
-    return RayStreamLLMError(f"{type(exc).__name__} for {where}: {exc}")
+    return RayStreamLLMError(f"{type(exc).__name__} for {where}: {redact(exc)}")
 
 
 def _is_folder(blob: Any) -> bool:
@@ -115,7 +116,7 @@ def _is_folder(blob: Any) -> bool:
     return blob.name.endswith("/") or (blob.size == 0 and metadata.get("hdi_isfolder") == "true")
 
 
-def list_objects(client: Any, uri: ModelURI) -> Iterator[ObjectInfo]:
+def list_objects(client: Client, uri: ModelURI) -> Iterator[ObjectInfo]:
     """Every blob under the model directory, recursively."""
     from azure.core.exceptions import AzureError
 
@@ -124,13 +125,17 @@ def list_objects(client: Any, uri: ModelURI) -> Iterator[ObjectInfo]:
         for blob in container.list_blobs(name_starts_with=uri.prefix, include=["metadata"]):
             if _is_folder(blob):
                 continue
-            yield ObjectInfo(path=uri.relative(blob.name), key=blob.name, size=int(blob.size),
-                             etag=str(blob.etag or "").strip('"'))
+            yield ObjectInfo(
+                path=uri.relative(blob.name),
+                key=blob.name,
+                size=int(blob.size),
+                etag=str(blob.etag or "").strip('"'),
+            )
     except AzureError as exc:
         raise translate(exc, uri, client, "listing") from None
 
 
-def download(client: Any, uri: ModelURI, obj: ObjectInfo, dest: str) -> int:
+def download(client: Client, uri: ModelURI, obj: ObjectInfo, dest: str) -> int:
     """Write one blob to ``dest``; return the bytes written."""
     from azure.core.exceptions import AzureError
 
@@ -141,13 +146,16 @@ def download(client: Any, uri: ModelURI, obj: ObjectInfo, dest: str) -> int:
         raise translate(exc, uri, client, f"reading {obj.path!r} of") from None
 
 
-def read(client: Any, uri: ModelURI, path: str, start: int | None = None,
-         end: int | None = None) -> bytes:
+def read(
+    client: Client, uri: ModelURI, path: str, start: int | None = None, end: int | None = None
+) -> bytes:
     """The blob ``path`` of the model directory, or its bytes ``start``..``end`` inclusive."""
     from azure.core.exceptions import AzureError
 
-    ranged = {} if start is None else {"offset": start, "length": end - start + 1}
+    ranged = {} if start is None else {"offset": start, "length": (end or start) - start + 1}
     try:
-        return client.get_blob_client(uri.bucket, uri.key(path)).download_blob(**ranged).readall()
+        blob = client.get_blob_client(uri.bucket, uri.key(path))
+        data: bytes = blob.download_blob(**ranged).readall()
+        return data
     except AzureError as exc:
         raise translate(exc, uri, client, f"reading {path!r} of") from None

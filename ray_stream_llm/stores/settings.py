@@ -1,4 +1,4 @@
-"""``ObjectStoreConfig``: one object-store setting for every process, and what it derives.
+"""``ObjectStoreConfig``: one object-store setting for every process, and the variables it derives.
 
 Each consumer reads its own variables: boto3 (listing and metadata here, and
 Ray's downloader) reads the AWS chain; Ray's pyarrow path reads
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
+from collections.abc import Mapping
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -25,6 +27,10 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from ray_stream_llm.redact import redact
+from ray_stream_llm.stores.azure_connection import azure_connection_parts, azure_reader_env
+from ray_stream_llm.stores.base import DEFAULT_TIMEOUT_S, TIMEOUT_ENV
 
 MIN_OBJECT_STORE_CHUNK = 5 * 1024 * 1024  # the streamer's minimum chunk for object stores
 
@@ -48,7 +54,8 @@ class ObjectStoreConfig(BaseModel):
         "address or localhost, the store's default otherwise.",
     )
     anonymous: bool = Field(
-        default=False, description="Send unsigned requests (public buckets). No credentials allowed."
+        default=False,
+        description="Send unsigned requests (public buckets). No credentials allowed.",
     )
     ca_bundle: str | None = Field(
         default=None, description="Path to a PEM bundle to verify the endpoint's TLS certificate."
@@ -90,6 +97,14 @@ class ObjectStoreConfig(BaseModel):
         "'blob.core.windows.net' or what the connection string says; e.g. "
         "'blob.core.chinacloudapi.cn', or 'localhost:<port>' for Azurite over HTTPS.",
     )
+    timeout_s: float = Field(
+        default=DEFAULT_TIMEOUT_S,
+        gt=0,
+        le=3600,
+        description="Seconds the driver's preflight, and each node's metadata fetch, may spend "
+        "on store calls in all (connect and read timeouts and retries inside it) before a "
+        "StoreTimeoutError.",
+    )
     streamer_concurrency: int | None = Field(
         default=None,
         description="Run:ai streamer reader threads per engine (RUNAI_STREAMER_CONCURRENCY); "
@@ -111,11 +126,12 @@ class ObjectStoreConfig(BaseModel):
     def _check_endpoint(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is None:
             return None
-        name, scheme = info.field_name, "gs" if info.field_name.startswith("gcs") else "s3"
+        name = str(info.field_name)
+        scheme = "gs" if name.startswith("gcs") else "s3"
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(
-                f"{name} must look like 'http://host:port' or 'https://host', got {value!r}"
+                f"{name} must look like 'http://host:port' or 'https://host', got {redact(value)!r}"
             )
         if parts.username or parts.password or parts.query:
             raise ValueError(
@@ -153,12 +169,10 @@ class ObjectStoreConfig(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _check_credentials(self) -> "ObjectStoreConfig":
+    def _check_credentials(self) -> ObjectStoreConfig:
         explicit = self.aws_access_key_id is not None or self.aws_secret_access_key is not None
         if (self.aws_access_key_id is None) != (self.aws_secret_access_key is None):
-            raise ValueError(
-                "give both aws_access_key_id and aws_secret_access_key, or neither"
-            )
+            raise ValueError("give both aws_access_key_id and aws_secret_access_key, or neither")
         if self.aws_session_token is not None and not explicit:
             raise ValueError("aws_session_token needs aws_access_key_id and aws_secret_access_key")
         if self.profile_name is not None and explicit:
@@ -185,7 +199,8 @@ class ObjectStoreConfig(BaseModel):
             reader = azure_reader_env(self.azure_connection_string.get_secret_value())
             if "AZURE_STORAGE_ENDPOINT_SUFFIX" not in reader and not self.azure_endpoint_suffix:
                 raise ValueError(
-                    f"the connection string's BlobEndpoint {parts['BlobEndpoint']!r} is not "
+                    "the connection string's BlobEndpoint "
+                    f"{redact(parts['BlobEndpoint'])!r} is not "
                     "https://<AccountName>.<suffix>, the only form the streamer's Azure reader "
                     "requests (it ignores connection strings); set azure_endpoint_suffix to where "
                     "https://<AccountName>.<suffix> reaches the same service (Azurite: start it "
@@ -195,49 +210,22 @@ class ObjectStoreConfig(BaseModel):
 
     def resolved_addressing_style(self) -> str | None:
         """'path' or 'virtual', or None to leave the store's default."""
-        if self.addressing_style != "auto":
-            return self.addressing_style
-        host = urlsplit(self.endpoint_url).hostname if self.endpoint_url else None
-        return "path" if host and is_local_or_ip(host) else None
+        return s3_addressing_style(self.endpoint_url, self.addressing_style)
 
 
-AZURE_BLOB_SUFFIX = "blob.core.windows.net"  # the streamer's default endpoint suffix
+def s3_addressing_style(endpoint: str | None, style: str = "auto") -> str | None:
+    """The S3 addressing rule, decided here only: ``style`` unless 'auto'; for 'auto' path
+    style when the endpoint host is an IP address or localhost (virtual-host names cannot
+    resolve there), else None (the store's default)."""
+    if style != "auto":
+        return style
+    host = urlsplit(endpoint).hostname if endpoint else None
+    return "path" if host and is_local_or_ip(host) else None
 
 
-def azure_connection_parts(connection_string: str) -> dict[str, str]:
-    """``Key=Value;...`` of an Azure connection string (values may hold '=')."""
-    pairs = (item.split("=", 1) for item in connection_string.split(";") if "=" in item)
-    return {key.strip(): value.strip() for key, value in pairs}
-
-
-def azure_reader_env(connection_string: str) -> dict[str, str]:
-    """The variables the streamer's Azure reader needs, from a connection string.
-
-    The reader (libstreamerazure.so) ignores AZURE_STORAGE_CONNECTION_STRING: it reads
-    AZURE_STORAGE_ACCOUNT_NAME, AZURE_STORAGE_ACCOUNT_KEY (or AZURE_STORAGE_SAS_TOKEN) and
-    AZURE_STORAGE_ENDPOINT_SUFFIX and requests ``https://<account>.<suffix>`` only. The
-    suffix is derived from ``EndpointSuffix`` or a ``BlobEndpoint`` of that form; a
-    path-style one (``https://127.0.0.1:10000/devstoreaccount1``, as for Azurite) gives none.
-    """
-    parts = azure_connection_parts(connection_string)
-    env: dict[str, str] = {}
-    account = parts.get("AccountName", "")
-    if account:
-        env["AZURE_STORAGE_ACCOUNT_NAME"] = account
-    if key := parts.get("AccountKey"):
-        env["AZURE_STORAGE_ACCOUNT_KEY"] = key
-    if sas := parts.get("SharedAccessSignature"):
-        env["AZURE_STORAGE_SAS_TOKEN"] = sas
-    if endpoint := parts.get("BlobEndpoint"):
-        url = urlsplit(endpoint)
-        if (url.scheme == "https" and account and url.netloc.startswith(f"{account}.")
-                and url.path in ("", "/")):
-            env["AZURE_STORAGE_ENDPOINT_SUFFIX"] = url.netloc[len(account) + 1:]
-    elif suffix := parts.get("EndpointSuffix"):
-        env["AZURE_STORAGE_ENDPOINT_SUFFIX"] = f"blob.{suffix}"
-    else:
-        env["AZURE_STORAGE_ENDPOINT_SUFFIX"] = AZURE_BLOB_SUFFIX
-    return env
+def setting(env: Mapping[str, str], name: str) -> str | None:
+    """A derived setting, else the process environment's value, else None."""
+    return env.get(name) or os.environ.get(name) or None
 
 
 def is_local_or_ip(host: str) -> bool:
@@ -257,16 +245,15 @@ class StoreSettings:
     env: dict[str, str]  # for every process: boto3, Ray's downloader, the streamer
     secret_env: frozenset[str]  # the names in ``env`` whose values are secrets
     model_loader_extra_config: dict[str, Any]  # vLLM's runai loader allow-list
-    boto3_session: dict[str, Any]
-    boto3_client: dict[str, Any]
 
     def __repr__(self) -> str:  # never the secret values
         shown = {k: ("**********" if k in self.secret_env else v) for k, v in self.env.items()}
-        return f"StoreSettings(env={shown}, model_loader_extra_config={self.model_loader_extra_config})"
+        extra = self.model_loader_extra_config
+        return f"StoreSettings(env={shown}, model_loader_extra_config={extra})"
 
 
 def derive_settings(store: ObjectStoreConfig | None) -> StoreSettings:
-    """The settings every consumer needs, derived once from ``store``.
+    """The variables every consumer reads, derived once from ``store``.
 
     With ``None`` nothing is set: the standard environment applies.
     """
@@ -312,12 +299,17 @@ def derive_settings(store: ObjectStoreConfig | None) -> StoreSettings:
     if store.azure_connection_string is not None:
         reader = azure_reader_env(store.azure_connection_string.get_secret_value())
         for name, value in reader.items():
-            put(name, value, is_secret=name in ("AZURE_STORAGE_ACCOUNT_KEY",
-                                                "AZURE_STORAGE_SAS_TOKEN"))
+            put(
+                name,
+                value,
+                is_secret=name in ("AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN"),
+            )
     put("AZURE_STORAGE_ENDPOINT_SUFFIX", store.azure_endpoint_suffix)
     put("RUNAI_STREAMER_CONCURRENCY", store.streamer_concurrency)
     put("RUNAI_STREAMER_MEMORY_LIMIT", store.streamer_memory_limit)
     put("RUNAI_STREAMER_CHUNK_BYTESIZE", store.streamer_chunk_bytesize)
+    if "timeout_s" in store.model_fields_set:  # the actors' metadata fetch gets the same bound
+        put(TIMEOUT_ENV, store.timeout_s)
 
     extra: dict[str, Any] = {}
     if store.streamer_concurrency is not None:
@@ -325,31 +317,8 @@ def derive_settings(store: ObjectStoreConfig | None) -> StoreSettings:
     if store.streamer_memory_limit is not None:
         extra["memory_limit"] = store.streamer_memory_limit
 
-    session: dict[str, Any] = {}
-    if store.aws_access_key_id is not None:
-        session["aws_access_key_id"] = store.aws_access_key_id
-        session["aws_secret_access_key"] = store.aws_secret_access_key.get_secret_value()  # type: ignore[union-attr]
-    if store.aws_session_token is not None:
-        session["aws_session_token"] = store.aws_session_token.get_secret_value()
-    if store.profile_name:
-        session["profile_name"] = store.profile_name
-    if store.region_name:
-        session["region_name"] = store.region_name
-    client: dict[str, Any] = {}
-    if store.endpoint_url:
-        client["endpoint_url"] = store.endpoint_url
-    if store.ca_bundle:
-        client["verify"] = store.ca_bundle
-    config: dict[str, Any] = {}
-    if style:
-        config["s3"] = {"addressing_style": style}
-    if store.anonymous:
-        config["signature_version"] = "unsigned"
-    client["config"] = config
     return StoreSettings(
         env=env,
         secret_env=frozenset(secret),
         model_loader_extra_config=extra,
-        boto3_session=session,
-        boto3_client=client,
     )

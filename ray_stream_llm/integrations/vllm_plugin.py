@@ -22,6 +22,7 @@ import itertools
 import json
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 REPORT_DIR_ENV = "RAY_STREAM_LLM_LOAD_REPORT_DIR"
@@ -36,6 +37,8 @@ STREAMER_SETTINGS = {
 
 def streamer_settings() -> dict[str, str]:
     return {k: os.environ.get(v, "default") for k, v in STREAMER_SETTINGS.items()}
+
+
 _FLUSH_S = 0.5
 _sessions = itertools.count()
 
@@ -48,14 +51,16 @@ def _write(path: str, state: dict[str, Any]) -> None:
 
 
 def _measured(base: type) -> type:
-    class MeasuredSafetensorsStreamer(base):  # type: ignore[misc, valid-type]
+    class MeasuredSafetensorsStreamer(base):
         """``SafetensorsStreamer`` that reports its sessions to the engine actor."""
 
         def stream_files(self, paths: list[str], *args: Any, **kwargs: Any) -> None:
             begin = time.time()
             super().stream_files(paths, *args, **kwargs)
-            self._rsl = {
-                "path": os.path.join(os.environ[REPORT_DIR_ENV], f"{os.getpid()}-{next(_sessions)}.json"),
+            self._rsl: dict[str, Any] = {
+                "path": os.path.join(
+                    os.environ[REPORT_DIR_ENV], f"{os.getpid()}-{next(_sessions)}.json"
+                ),
                 "pid": os.getpid(),
                 "files": [str(p) for p in paths],
                 "planned_bytes": int(self.total_size),
@@ -76,11 +81,14 @@ def _measured(base: type) -> type:
             state["_flushed"] = now
             state["seconds"] = now - state["started"]
             try:
-                _write(state["path"], {k: v for k, v in state.items() if not k.startswith("_") and k != "path"})
+                _write(
+                    state["path"],
+                    {k: v for k, v in state.items() if not k.startswith("_") and k != "path"},
+                )
             except OSError:  # the actor removed the directory: nobody is listening
                 pass
 
-        def get_tensors(self):  # type: ignore[no-untyped-def]
+        def get_tensors(self) -> Iterator[tuple[str, Any]]:
             state = getattr(self, "_rsl", None)
             for name, tensor in super().get_tensors():
                 if state is not None:
@@ -104,6 +112,9 @@ def register() -> None:
     except ImportError:
         return
     current = getattr(weight_utils, "SafetensorsStreamer", None)
-    if not isinstance(current, type) or getattr(current, "__name__", "") == "MeasuredSafetensorsStreamer":
+    if (
+        not isinstance(current, type)
+        or getattr(current, "__name__", "") == "MeasuredSafetensorsStreamer"
+    ):
         return  # the streamer is not installed (vLLM's placeholder), or already wrapped
     weight_utils.SafetensorsStreamer = _measured(current)

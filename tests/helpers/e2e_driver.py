@@ -9,13 +9,18 @@ import json
 import sys
 import threading
 import urllib.request
+from pathlib import Path
 
 
 def scrape(port: int, seen: dict, stop: threading.Event) -> None:
     """Poll the cluster's Prometheus endpoint; keep the last value of each of our series."""
     while not stop.wait(1.0):
         try:
-            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            text = (
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+                .read()
+                .decode()
+            )
         except OSError:
             continue
         for line in text.splitlines():
@@ -25,15 +30,17 @@ def scrape(port: int, seen: dict, stop: threading.Event) -> None:
 
 
 def main() -> None:
-    spec = json.loads(open(sys.argv[1]).read())
-    from ray_stream_llm.job import run_job
-    from ray_stream_llm.store import ObjectStoreConfig
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    from ray_stream_llm.stores.settings import ObjectStoreConfig
+    from ray_stream_llm.tools.job import run_job
 
     store = ObjectStoreConfig(**spec["object_store"]) if spec.get("object_store") else None
     metrics: dict = {}
     stop = threading.Event()
     if spec.get("metrics_port"):
-        threading.Thread(target=scrape, args=(spec["metrics_port"], metrics, stop), daemon=True).start()
+        threading.Thread(
+            target=scrape, args=(spec["metrics_port"], metrics, stop), daemon=True
+        ).start()
 
     result = run_job(
         spec["model"],

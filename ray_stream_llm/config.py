@@ -1,12 +1,14 @@
-"""``StreamingvLLMEngineProcessorConfig`` and its builder.
+"""``StreamingvLLMEngineProcessorConfig`` and the load-format rules it checks.
 
 The config has the fields and defaults of Ray's ``vLLMEngineProcessorConfig``.
 When ``engine_kwargs["load_format"]`` is a Run:ai streaming format and the
-model is an object-store URI, building the processor fetches only metadata
-(on the driver first, which also checks the model before any actor starts);
-every stage fetches the same metadata on its own node, and each engine
-streams the weights from the URI. Any other load format is built by Ray's own
-builder, unchanged.
+model is an object-store URI, building the processor
+(:mod:`ray_stream_llm.integrations.builder`) fetches only metadata (on the
+driver first, which also checks the model before any actor starts); every stage
+fetches the same metadata on its own node, and each engine streams the weights
+from the URI. Any other load format is built by Ray's own builder, unchanged.
+
+A leaf: this module imports no Ray internals and no integration.
 """
 
 from __future__ import annotations
@@ -16,22 +18,31 @@ import logging
 from typing import Any
 
 from pydantic import ConfigDict, Field
-from ray.data.llm import build_processor, vLLMEngineProcessorConfig
-from ray.llm._internal.batch.processor.base import ProcessorBuilder
+from ray.data.llm import vLLMEngineProcessorConfig
 
 from ray_stream_llm.errors import InvalidSettingError, UnsupportedLoadFormatError
-from ray_stream_llm.store import ObjectStoreConfig
+from ray_stream_llm.stores.settings import ObjectStoreConfig
 from ray_stream_llm.uri import looks_like_uri, parse_model_uri
 
 logger = logging.getLogger(__name__)
 
 STREAMING_LOAD_FORMATS: tuple[str, ...] = ("runai_streamer", "runai_streamer_sharded")
-# vLLM 0.29's built-in load formats; plugins may add more, so an unknown name is
-# only refused when it is a near miss of a streaming format.
+# vLLM 0.29's built-in load formats (model_loader._LOAD_FORMAT_TO_MODEL_LOADER); plugins
+# may add more, so an unknown name is only refused when it is a near miss of a streaming format.
 _KNOWN_LOAD_FORMATS = frozenset(
     {
-        "auto", "hf", "dummy", "fastsafetensors", "instanttensor", "mistral", "modelexpress",
-        "npcache", "pt", "safetensors", "sharded_state", "tensorizer", "bitsandbytes", "gguf",
+        "auto",
+        "hf",
+        "dummy",
+        "fastsafetensors",
+        "instanttensor",
+        "mistral",
+        "modelexpress",
+        "npcache",
+        "pt",
+        "safetensors",
+        "sharded_state",
+        "tensorizer",
         *STREAMING_LOAD_FORMATS,
     }
 )
@@ -83,13 +94,23 @@ def check_loader_extra_config(extra: Any) -> None:
             f"{where} has unknown key(s) {unknown}; the runai streamer accepts {list(_LOADER_KEYS)}"
         )
     value = extra.get("concurrency")
-    if "concurrency" in extra and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-        raise InvalidSettingError(f"{where}['concurrency'] must be a positive integer, got {value!r}")
+    if "concurrency" in extra and (
+        isinstance(value, bool) or not isinstance(value, int) or value <= 0
+    ):
+        raise InvalidSettingError(
+            f"{where}['concurrency'] must be a positive integer, got {value!r}"
+        )
     value = extra.get("memory_limit")
-    if "memory_limit" in extra and (isinstance(value, bool) or not isinstance(value, int) or value < -1):
-        raise InvalidSettingError(f"{where}['memory_limit'] must be an integer >= -1, got {value!r}")
+    if "memory_limit" in extra and (
+        isinstance(value, bool) or not isinstance(value, int) or value < -1
+    ):
+        raise InvalidSettingError(
+            f"{where}['memory_limit'] must be an integer >= -1, got {value!r}"
+        )
     if "distributed" in extra and not isinstance(extra["distributed"], bool):
-        raise InvalidSettingError(f"{where}['distributed'] must be a bool, got {extra['distributed']!r}")
+        raise InvalidSettingError(
+            f"{where}['distributed'] must be a bool, got {extra['distributed']!r}"
+        )
 
 
 class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
@@ -155,42 +176,4 @@ class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
     @property
     def streams_from_object_store(self) -> bool:
         """Whether the weights are streamed from an object-store URI."""
-        return bool(
-            streaming_load_format(self.engine_kwargs) and looks_like_uri(self.model_source)
-        )
-
-
-def _build(config: StreamingvLLMEngineProcessorConfig, **kwargs: Any) -> Any:
-    from ray_stream_llm import _ray  # imports Ray's stages (and torch): build time only
-
-    config.check_streaming_source()
-    return _ray.build_streaming_processor(config, **kwargs)
-
-
-def _register() -> None:
-    name = StreamingvLLMEngineProcessorConfig.__name__
-    if name not in ProcessorBuilder._registry:
-        ProcessorBuilder.register(StreamingvLLMEngineProcessorConfig, _build)
-
-
-_register()
-
-
-def build_llm_processor(
-    config: StreamingvLLMEngineProcessorConfig | vLLMEngineProcessorConfig,
-    preprocess: Any = None,
-    postprocess: Any = None,
-    preprocess_map_kwargs: dict[str, Any] | None = None,
-    postprocess_map_kwargs: dict[str, Any] | None = None,
-    builder_kwargs: dict[str, Any] | None = None,
-) -> Any:
-    """Build a processor: the name Ray used up to 2.54, same arguments as
-    ``ray.data.llm.build_processor`` (which it calls)."""
-    return build_processor(
-        config,
-        preprocess=preprocess,
-        postprocess=postprocess,
-        preprocess_map_kwargs=preprocess_map_kwargs,
-        postprocess_map_kwargs=postprocess_map_kwargs,
-        builder_kwargs=builder_kwargs,
-    )
+        return bool(streaming_load_format(self.engine_kwargs) and looks_like_uri(self.model_source))

@@ -19,8 +19,14 @@ def _reset(sock: socket.socket) -> None:
 
 
 class FaultProxy:
-    def __init__(self, upstream_port: int, *, cut_after_bytes: int | None = None,
-                 down_for: float | None = None, latency: float = 0.0):
+    def __init__(
+        self,
+        upstream_port: int,
+        *,
+        cut_after_bytes: int | None = None,
+        down_for: float | None = None,
+        latency: float = 0.0,
+    ):
         self.upstream = ("127.0.0.1", upstream_port)
         self.cut_after_bytes = cut_after_bytes
         self.down_for = down_for  # None: down for good once cut
@@ -39,7 +45,7 @@ class FaultProxy:
     def endpoint_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> "FaultProxy":
+    def __enter__(self) -> FaultProxy:
         self._thread.start()
         return self
 
@@ -96,8 +102,11 @@ class FaultProxy:
                 if downstream:
                     with self._lock:
                         self.bytes_down += len(data)
-                        over = (self.cut_after_bytes is not None and self.cut_at is None
-                                and self.bytes_down >= self.cut_after_bytes)
+                        over = (
+                            self.cut_after_bytes is not None
+                            and self.cut_at is None
+                            and self.bytes_down >= self.cut_after_bytes
+                        )
                     if over:
                         self._cut()
                         return

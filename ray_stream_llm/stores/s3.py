@@ -3,30 +3,26 @@
 A fresh ``boto3.session.Session`` per call site: boto3's default session caches
 the credentials it resolved first, so later settings would be ignored. With no
 settings the standard AWS chain applies (``AWS_ENDPOINT_URL``, keys, region,
-profile, instance metadata). Addressing follows what the streamer does:
-path style when ``RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING=0`` or when the
-endpoint host is an IP address or ``localhost``.
+profile, instance metadata). Addressing follows
+:func:`~ray_stream_llm.stores.settings.s3_addressing_style`, as the streamer will
+address the store.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
-from ray_stream_llm._backends import ObjectInfo, timed_out, unreachable
 from ray_stream_llm.errors import (
     AccessDeniedError,
     ModelNotFoundError,
     RayStreamLLMError,
     StoreUnreachableError,
 )
-from ray_stream_llm.store import ObjectStoreConfig, derive_settings, is_local_or_ip
+from ray_stream_llm.redact import redact
+from ray_stream_llm.stores.base import Client, ObjectInfo, StoreDeadline, timed_out, unreachable
+from ray_stream_llm.stores.settings import ObjectStoreConfig, s3_addressing_style, setting
 from ray_stream_llm.uri import ModelURI
-
-__all__ = ["ObjectInfo", "download", "endpoint_of", "list_objects", "make_client", "read",
-           "translate"]
 
 _NOT_FOUND = {"NoSuchBucket", "NoSuchKey", "404", "NotFound"}
 _DENIED = {"AccessDenied", "403", "Forbidden", "AllAccessDisabled", "AccountProblem"}
@@ -38,53 +34,82 @@ _CREDENTIALS_FIX = (
 )
 
 
-def _path_style(endpoint: str | None) -> bool:
-    """Path style as the streamer would address the store: set to path, or IP/localhost."""
-    if os.environ.get("RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING") == "0":
-        return True
-    host = urlsplit(endpoint).hostname if endpoint else None
-    return bool(host) and is_local_or_ip(host)
+def _session_kwargs(store: ObjectStoreConfig) -> dict[str, str]:
+    """boto3 session arguments for what ``store`` sets; the AWS chain supplies the rest."""
+    kwargs: dict[str, str] = {}
+    if store.aws_access_key_id is not None and store.aws_secret_access_key is not None:
+        kwargs["aws_access_key_id"] = store.aws_access_key_id
+        kwargs["aws_secret_access_key"] = store.aws_secret_access_key.get_secret_value()
+    if store.aws_session_token is not None:
+        kwargs["aws_session_token"] = store.aws_session_token.get_secret_value()
+    if store.profile_name:
+        kwargs["profile_name"] = store.profile_name
+    if store.region_name:
+        kwargs["region_name"] = store.region_name
+    return kwargs
 
 
-def make_client(store: ObjectStoreConfig | None = None, *, max_pool_connections: int = 10) -> Any:
+def make_client(
+    store: ObjectStoreConfig | None = None,
+    deadline: StoreDeadline | None = None,
+    *,
+    max_pool_connections: int = 10,
+) -> Client:
     """A boto3 S3 client in a fresh session: from ``store`` where it sets something,
-    from the standard environment for the rest."""
+    from the standard environment for the rest; timeouts from ``deadline``."""
     import boto3
     from botocore import UNSIGNED
+    from botocore import exceptions as bexc
     from botocore.config import Config
 
-    settings = derive_settings(store)
+    store = store or ObjectStoreConfig()
+    deadline = deadline or StoreDeadline(store.timeout_s)
     endpoint = (
-        settings.boto3_client.get("endpoint_url")
-        or os.environ.get("AWS_ENDPOINT_URL_S3")
-        or os.environ.get("AWS_ENDPOINT_URL")
+        store.endpoint_url or setting({}, "AWS_ENDPOINT_URL_S3") or setting({}, "AWS_ENDPOINT_URL")
     )
-    options = dict(settings.boto3_client.get("config", {}))
-    if options.get("signature_version") == "unsigned":
+    style = s3_addressing_style(endpoint, store.addressing_style)
+    if style is None and setting({}, "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING") == "0":
+        style = "path"  # as the streamer will address the store
+    options: dict[str, Any] = {}
+    if style:
+        options["s3"] = {"addressing_style": style}
+    if store.anonymous:
         options["signature_version"] = UNSIGNED
-    if "s3" not in options and _path_style(endpoint):
-        options["s3"] = {"addressing_style": "path"}
     config = Config(
-        connect_timeout=10,
-        read_timeout=60,
-        retries={"max_attempts": 3, "mode": "standard"},
+        connect_timeout=deadline.connect_timeout,
+        read_timeout=deadline.read_timeout,
+        retries={"max_attempts": 2, "mode": "standard"},
         max_pool_connections=max_pool_connections,
         **options,
     )
-    session = boto3.session.Session(**settings.boto3_session)
-    return session.client(
-        "s3",
-        endpoint_url=endpoint or None,
-        config=config,
-        verify=settings.boto3_client.get("verify"),
+    try:
+        session = boto3.session.Session(**_session_kwargs(store))
+        return session.client(
+            "s3", endpoint_url=endpoint or None, config=config, verify=store.ca_bundle
+        )
+    except bexc.ProfileNotFound as exc:
+        raise AccessDeniedError(
+            f"AWS profile {exc.kwargs.get('profile')!r} is not in ~/.aws/config or "
+            "~/.aws/credentials; set profile_name (AWS_PROFILE) to a profile that exists"
+        ) from None
+    except bexc.PartialCredentialsError as exc:
+        raise AccessDeniedError(_partial(exc)) from None
+
+
+def _partial(exc: BaseException) -> str:
+    missing = getattr(exc, "kwargs", {}).get("cred_var", "a credential")
+    return (
+        f"partial AWS credentials: {missing} is missing (AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY go together); set both, or unset AWS_ACCESS_KEY_ID to use a "
+        "profile or an instance role"
     )
 
 
-def endpoint_of(client: Any) -> str:
-    return str(client.meta.endpoint_url)
+def endpoint_of(client: Client) -> str:
+    return redact(client.meta.endpoint_url)
 
 
-def translate(exc: BaseException, uri: ModelURI, client: Any, what: str) -> RayStreamLLMError:
+def translate(exc: BaseException, uri: ModelURI, client: Client, what: str) -> RayStreamLLMError:
     """Turn a boto3/botocore exception into this library's typed error."""
     from botocore import exceptions as bexc
 
@@ -120,6 +145,8 @@ def translate(exc: BaseException, uri: ModelURI, client: Any, what: str) -> RayS
             f"the store answered {code or 'an unknown error'!s} ({where}); check that the "
             "endpoint is an S3 API endpoint (AWS_ENDPOINT_URL)"
         )
+    if isinstance(exc, bexc.PartialCredentialsError):
+        return AccessDeniedError(f"{_partial(exc)} ({where})")
     if isinstance(exc, bexc.NoCredentialsError):
         return AccessDeniedError(f"no credentials found for {where}; {_CREDENTIALS_FIX}")
     if isinstance(exc, (bexc.ReadTimeoutError, bexc.ConnectTimeoutError)):
@@ -127,11 +154,11 @@ def translate(exc: BaseException, uri: ModelURI, client: Any, what: str) -> RayS
     if isinstance(exc, (bexc.EndpointConnectionError, bexc.ConnectionClosedError)):
         return unreachable(where, "AWS_ENDPOINT_URL")
     if isinstance(exc, bexc.BotoCoreError):
-        return StoreUnreachableError(f"{type(exc).__name__} for {where}: {exc}")
-    return RayStreamLLMError(f"{type(exc).__name__} for {where}: {exc}")
+        return StoreUnreachableError(f"{type(exc).__name__} for {where}: {redact(exc)}")
+    return RayStreamLLMError(f"{type(exc).__name__} for {where}: {redact(exc)}")
 
 
-def list_objects(client: Any, uri: ModelURI) -> Iterator[ObjectInfo]:
+def list_objects(client: Client, uri: ModelURI) -> Iterator[ObjectInfo]:
     """Every object under the model directory, recursively."""
     from botocore import exceptions as bexc
 
@@ -152,7 +179,7 @@ def list_objects(client: Any, uri: ModelURI) -> Iterator[ObjectInfo]:
         raise translate(exc, uri, client, "listing") from None
 
 
-def download(client: Any, uri: ModelURI, obj: ObjectInfo, dest: str) -> int:
+def download(client: Client, uri: ModelURI, obj: ObjectInfo, dest: str) -> int:
     """Write one object to ``dest``; return the bytes written."""
     from botocore import exceptions as bexc
 
@@ -168,15 +195,17 @@ def download(client: Any, uri: ModelURI, obj: ObjectInfo, dest: str) -> int:
     return written
 
 
-def read(client: Any, uri: ModelURI, path: str, start: int | None = None,
-         end: int | None = None) -> bytes:
+def read(
+    client: Client, uri: ModelURI, path: str, start: int | None = None, end: int | None = None
+) -> bytes:
     """The object ``path`` of the model directory, or its bytes ``start``..``end`` inclusive."""
     from botocore import exceptions as bexc
 
-    kwargs = {"Bucket": uri.bucket, "Key": uri.key(path)}
+    kwargs: dict[str, str] = {"Bucket": uri.bucket, "Key": uri.key(path)}
     if start is not None:
         kwargs["Range"] = f"bytes={start}-{end}"
     try:
-        return client.get_object(**kwargs)["Body"].read()
+        data: bytes = client.get_object(**kwargs)["Body"].read()
     except (bexc.BotoCoreError, bexc.ClientError) as exc:
         raise translate(exc, uri, client, f"reading {path!r} of") from None
+    return data

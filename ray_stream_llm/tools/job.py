@@ -13,16 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-# Settings for a single-machine Ray cluster that stays on loopback and phones no one.
-LOCAL_ENV: dict[str, str] = {
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # keeps Ray on 127.0.0.1
-    "VLLM_HOST_IP": "127.0.0.1",
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
+from ray_stream_llm.tools.isolated import LOCAL_ENV
 
 # Engine settings that suit the CPU build of vLLM on a small machine.
 CPU_ENGINE_KWARGS: dict[str, Any] = {
@@ -69,8 +60,7 @@ def run_job(
     import ray
 
     from ray_stream_llm import StreamingvLLMEngineProcessorConfig, build_llm_processor, load_reports
-    from ray_stream_llm.fetch import _fetch
-    from ray_stream_llm.uri import parse_model_uri
+    from ray_stream_llm.fetch import fetch_metadata_report
 
     start = time.perf_counter()
     for key, value in LOCAL_ENV.items():
@@ -108,7 +98,7 @@ def run_job(
     )
     build_seconds = time.perf_counter() - start
     report = (
-        _fetch(parse_model_uri(model_uri), None, store=object_store)
+        fetch_metadata_report(model_uri, object_store=object_store)
         if config.streams_from_object_store
         else None
     )

@@ -1,0 +1,176 @@
+"""The builder registered for ``StreamingvLLMEngineProcessorConfig``.
+
+Imported at build time only: Ray's stage modules import torch.
+
+The streamed build checks the model on the driver (``inspect_model``), fetches its
+metadata there, reuses Ray's own builder for the stage graph over the local
+directory, then swaps each stage's UDF for its streaming subclass
+(:mod:`ray_stream_llm.integrations.udfs`), which fetches the same metadata on its
+own node (deterministic directory, one download per node). The store's settings
+reach every stage through its runtime_env (:mod:`.runtime_env`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig, streaming_load_format
+from ray_stream_llm.integrations.compat import (
+    TESTED_RAY,
+    Processor,
+    build_vllm_engine_processor,
+    vllm_is_cpu_build,
+)
+from ray_stream_llm.integrations.runtime_env import deliver_env, scoped_env, store_updates
+from ray_stream_llm.integrations.udfs import (
+    STREAMING_UDFS,
+    SecretEnv,
+    StreamingvLLMEngineStageUDF,
+    local_metadata,
+)
+from ray_stream_llm.manifest import inspect_model
+from ray_stream_llm.stores.settings import StoreSettings, derive_settings
+from ray_stream_llm.uri import looks_like_uri, parse_model_uri
+
+logger = logging.getLogger(__name__)
+
+CPU_STAGE_NUM_CPUS = 0.25
+MAP_NUM_CPUS = 0.1
+_CPU_STAGES = ("chat_template_stage", "tokenize_stage", "detokenize_stage")
+
+
+def _with_cpu_default(value: Any) -> Any:
+    """A stage config value (bool | dict | typed config) with ``num_cpus`` defaulted."""
+    if value is True:
+        return {"num_cpus": CPU_STAGE_NUM_CPUS}
+    if isinstance(value, dict):
+        return (
+            value
+            if value.get("num_cpus") is not None
+            else {**value, "num_cpus": CPU_STAGE_NUM_CPUS}
+        )
+    if hasattr(value, "num_cpus") and value.num_cpus is None:
+        return value.model_copy(update={"num_cpus": CPU_STAGE_NUM_CPUS})
+    return value
+
+
+def resource_defaults(config: StreamingvLLMEngineProcessorConfig) -> dict[str, Any]:
+    """Config updates that let the job schedule on a small CPU-only cluster."""
+    updates = {name: _with_cpu_default(getattr(config, name)) for name in _CPU_STAGES}
+    if config.placement_group_config is None and vllm_is_cpu_build():
+        workers = int(config.engine_kwargs.get("tensor_parallel_size", 1)) * int(
+            config.engine_kwargs.get("pipeline_parallel_size", 1)
+        )
+        updates["placement_group_config"] = {"bundles": [{"CPU": 1}] * workers}
+    return updates
+
+
+def _map_kwargs_defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
+    kwargs = dict(kwargs)
+    for name in ("preprocess_map_kwargs", "postprocess_map_kwargs"):
+        given = kwargs.get(name) or {}
+        kwargs[name] = (
+            given if given.get("num_cpus") is not None else {**given, "num_cpus": MAP_NUM_CPUS}
+        )
+    return kwargs
+
+
+def build_streaming_processor(
+    config: StreamingvLLMEngineProcessorConfig, **kwargs: Any
+) -> Processor:
+    """The registered builder of ``StreamingvLLMEngineProcessorConfig``."""
+    settings = derive_settings(config.object_store)
+    updates = resource_defaults(config)
+    updates.update(store_updates(config, settings, updates))
+    kwargs = _map_kwargs_defaults(kwargs)
+    secrets = {name: settings.env[name] for name in settings.secret_env}
+    secret_env = SecretEnv(secrets) if secrets else None
+    if not config.streams_from_object_store:
+        # Ray's own path; its downloader runs here in the driver and reads os.environ.
+        with scoped_env(settings.env):
+            processor = build_vllm_engine_processor(config.model_copy(update=updates), **kwargs)
+        # The only changes to Ray's UDFs: the secrets delivered, the engine's load reported.
+        _swap_udfs(processor, secret_env=secret_env, stream=False)
+        _deliver_env(processor, settings)
+        processor.config = config
+        return processor
+
+    uri = parse_model_uri(config.model_source)
+    # On the driver, before any actor: checks the model exists, is readable and has
+    # a config.json, and gives Ray's builder a local directory (Ray would otherwise
+    # download every non-safetensors file here).
+    store = config.object_store
+    # Preflight: list, classify, check index and shard headers; typed errors here.
+    sharded = streaming_load_format(config.engine_kwargs) == "runai_streamer_sharded"
+    tp = int(config.engine_kwargs.get("tensor_parallel_size", 1)) if sharded else None
+    inspect_model(str(uri), object_store=store, tensor_parallel_size=tp).raise_if_not_streamable()
+    driver_dir = local_metadata(str(uri), require=("config.json",), store=store)
+    tokenizer = config.engine_kwargs.get("tokenizer")
+    if looks_like_uri(tokenizer):
+        local_metadata(tokenizer, store=store)
+    processor = build_vllm_engine_processor(
+        config.model_copy(update={**updates, "model_source": driver_dir}), **kwargs
+    )
+    _swap_udfs(
+        processor,
+        secret_env=secret_env,
+        stream=True,
+        driver_dir=driver_dir,
+        uri=str(uri),
+        load_retries=config.load_retries,
+        load_retry_backoff_s=config.load_retry_backoff_s,
+    )
+    _deliver_env(processor, settings)
+    processor.config = config
+    logger.info("Built a streaming processor for %s: stages %s", uri, list(processor.stages))
+    return processor
+
+
+def _deliver_env(processor: Processor, settings: StoreSettings) -> None:
+    """The non-secret settings into every stage's own runtime_env."""
+    for name, stage in list(processor.stages.items()):
+        kwargs = deliver_env(stage.map_batches_kwargs, settings, name)
+        processor.stages[name] = stage.model_copy(update={"map_batches_kwargs": kwargs})
+
+
+def _swap_udfs(
+    processor: Processor,
+    *,
+    secret_env: SecretEnv | None,
+    stream: bool,
+    driver_dir: str | None = None,
+    uri: str | None = None,
+    load_retries: int = 0,
+    load_retry_backoff_s: float = 0.0,
+) -> None:
+    """Replace each stage's UDF by its subclass here; with ``stream`` hand every stage the
+    URI in place of the driver's local directory."""
+    for name, stage in list(processor.stages.items()):
+        replacement = STREAMING_UDFS.get(stage.fn)
+        if replacement is None:
+            raise TypeError(
+                f"stage {name!r} runs {stage.fn.__name__}, which ray-stream-llm does not know "
+                f"how to stream; this Ray version is not supported (tested: ray {TESTED_RAY})"
+            )
+        ctor = dict(stage.fn_constructor_kwargs)
+        if stream and ctor.get("model") == driver_dir:
+            ctor["model"] = uri
+        model_config_kwargs = ctor.get("model_config_kwargs")
+        if (
+            stream
+            and isinstance(model_config_kwargs, dict)
+            and model_config_kwargs.get("model") == driver_dir
+        ):
+            ctor["model_config_kwargs"] = {**model_config_kwargs, "model": uri}
+        ctor["stream"] = stream
+        if replacement is StreamingvLLMEngineStageUDF and stream:
+            ctor["load_retries"] = load_retries
+            ctor["load_retry_backoff_s"] = load_retry_backoff_s
+        if secret_env is not None:
+            ctor["secret_env"] = secret_env
+        # model_copy, not assignment: Ray's stages validate on assignment, which
+        # re-runs the engine stage's root validator and loses its placement group.
+        processor.stages[name] = stage.model_copy(
+            update={"fn": replacement, "fn_constructor_kwargs": ctor}
+        )

@@ -1,0 +1,60 @@
+"""Registration of the config with Ray's ``ProcessorBuilder``, and the builder alias.
+
+Importing :mod:`ray_stream_llm` registers :class:`StreamingvLLMEngineProcessorConfig`,
+so that ``ray.data.llm.build_processor(config, ...)`` builds it with
+:func:`ray_stream_llm.integrations.builder.build_streaming_processor` (imported at
+build time only: it imports Ray's stages and torch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ray.data.llm import build_processor
+from ray.llm._internal.batch.processor.base import ProcessorBuilder
+
+from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig
+
+if TYPE_CHECKING:
+    from ray.data.llm import vLLMEngineProcessorConfig
+    from ray.llm._internal.batch.processor.base import Processor
+
+Row = dict[str, Any]
+
+
+def _build(config: StreamingvLLMEngineProcessorConfig, **kwargs: Any) -> Processor:
+    from ray_stream_llm.integrations.builder import build_streaming_processor
+
+    config.check_streaming_source()
+    return build_streaming_processor(config, **kwargs)
+
+
+def register() -> None:
+    """Register the config's builder once per process."""
+    if StreamingvLLMEngineProcessorConfig.__name__ not in ProcessorBuilder._registry:
+        ProcessorBuilder.register(StreamingvLLMEngineProcessorConfig, _build)
+
+
+def build_llm_processor(
+    config: StreamingvLLMEngineProcessorConfig | vLLMEngineProcessorConfig,
+    preprocess: Callable[[Row], Row] | None = None,
+    postprocess: Callable[[Row], Row] | None = None,
+    preprocess_map_kwargs: dict[str, Any] | None = None,
+    postprocess_map_kwargs: dict[str, Any] | None = None,
+    builder_kwargs: dict[str, Any] | None = None,
+) -> Processor:
+    """Build a processor: the name Ray used up to 2.54, with the arguments of
+    ``ray.data.llm.build_processor`` (which it calls).
+
+    >>> processor = build_llm_processor(config, preprocess=pre, postprocess=post)  # doctest: +SKIP
+    >>> ds = processor(ray.data.from_items([{"question": "What is 2+2?"}]))  # doctest: +SKIP
+    """
+    return build_processor(
+        config,
+        preprocess=preprocess,
+        postprocess=postprocess,
+        preprocess_map_kwargs=preprocess_map_kwargs,
+        postprocess_map_kwargs=postprocess_map_kwargs,
+        builder_kwargs=builder_kwargs,
+    )

@@ -1,0 +1,138 @@
+"""Publishing load reports: one INFO line, Ray metrics (``ray.util.metrics``; Prometheus
+sees them with Ray's ``ray_`` prefix) and a JSON entry in the cluster's internal KV,
+read back by :func:`ray_stream_llm.load_reports`."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ray_stream_llm.reports import LoadReport
+
+logger = logging.getLogger(__name__)
+
+KV_NAMESPACE = "ray_stream_llm"
+_KV_PREFIX = "load_report"
+
+
+def publish(report: LoadReport) -> None:
+    """The log line, the metrics and the stored copy of one report; never raises."""
+    logger.info("%s", report.log_line())
+    for step in (_record_metrics, _store):
+        try:
+            step(report)
+        except Exception:  # a report must never fail an engine that is ready
+            logger.warning("could not %s the load report", step.__name__.strip("_"), exc_info=True)
+
+
+_metrics: dict[str, Any] = {}
+
+
+def _record_metrics(report: LoadReport) -> None:
+    from ray.util.metrics import Counter, Gauge
+
+    if not _metrics:
+        tags = ("model", "streamed")
+        _metrics.update(
+            engines=Counter(
+                "stream_llm_engines_ready", "vLLM engines started by ray-stream-llm", tags
+            ),
+            ready=Gauge(
+                "stream_llm_engine_ready_seconds",
+                "Seconds from the engine actor's start to a ready engine",
+                tags,
+            ),
+            metadata_bytes=Counter(
+                "stream_llm_metadata_bytes",
+                "Bytes of metadata files on local disk for an engine (fetched or reused)",
+                tags,
+            ),
+            metadata_files=Counter(
+                "stream_llm_metadata_files",
+                "Metadata files on local disk for an engine (fetched or reused)",
+                tags,
+            ),
+            metadata_seconds=Gauge(
+                "stream_llm_metadata_seconds",
+                "Seconds the engine actor spent on the metadata fetch",
+                tags,
+            ),
+            weight_bytes=Counter(
+                "stream_llm_weight_bytes_streamed",
+                "Bytes of safetensors objects streamed from the object store",
+                tags,
+            ),
+            stream_seconds=Gauge(
+                "stream_llm_weight_stream_seconds",
+                "Seconds from the streamer's first request to its last tensor",
+                tags,
+            ),
+            gib_per_s=Gauge(
+                "stream_llm_weight_stream_gib_per_s",
+                "Streaming throughput of the engine's last load, GiB/s",
+                tags,
+            ),
+        )
+    values = {"model": report.model, "streamed": str(report.streamed).lower()}
+    m = _metrics
+    m["engines"].inc(1, values)
+    m["ready"].set(report.ready_seconds, values)
+    if report.streamed:
+        m["metadata_seconds"].set(report.metadata_seconds, values)
+        if report.metadata_bytes:
+            m["metadata_bytes"].inc(report.metadata_bytes, values)
+            m["metadata_files"].inc(report.metadata_files, values)
+    if report.weight_bytes:
+        m["weight_bytes"].inc(report.weight_bytes, values)
+    if report.stream_seconds is not None:
+        m["stream_seconds"].set(report.stream_seconds, values)
+    if report.gib_per_s is not None:
+        m["gib_per_s"].set(report.gib_per_s, values)
+
+
+def _store(report: LoadReport) -> None:
+    from ray.experimental.internal_kv import _internal_kv_initialized, _internal_kv_put
+
+    if not _internal_kv_initialized():
+        return
+    key = f"{_KV_PREFIX}:{report.job_id}:{report.node_ip}:{report.pid}:{report.finished_at:.6f}"
+    _internal_kv_put(key, json.dumps(report.to_dict()), namespace=KV_NAMESPACE)
+
+
+def stored_reports(job_id: str | None = None) -> list[dict[str, Any]]:
+    """The stored report entries of a Ray job (by default the current driver's)."""
+    import ray
+    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_list
+
+    if not ray.is_initialized():
+        raise RuntimeError(
+            "load_reports() reads the reports from the Ray cluster: call it after the "
+            "dataset ran and before ray.shutdown()"
+        )
+    job_id = job_id or ray.get_runtime_context().get_job_id()
+    entries = []
+    for key in _internal_kv_list(f"{_KV_PREFIX}:{job_id}:", namespace=KV_NAMESPACE):
+        value = _internal_kv_get(key, namespace=KV_NAMESPACE)
+        if value is not None:
+            entries.append(json.loads(value))
+    return entries
+
+
+def node_ip() -> str:
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:
+        return "unknown"
+
+
+def job_id() -> str:
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_job_id() or "unknown"
+    except Exception:
+        return "unknown"

@@ -1,0 +1,297 @@
+"""The stage UDFs of a streamed processor: Ray's own, each first fetching the model's
+metadata on its node and handing Ray the local directory; the engine UDF also gives
+vLLM the URI as ``model_weights`` (vLLM then skips its own metadata pull and its runai
+loader streams the weights), retries a start that failed on the store, and reports
+the load.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from ray_stream_llm.errors import RayStreamLLMError, WeightLoadError
+from ray_stream_llm.fetch import FetchReport, fetch_metadata_report
+from ray_stream_llm.integrations.compat import (
+    ChatTemplateUDF,
+    DetokenizeUDF,
+    PrepareMultimodalUDF,
+    TokenizeUDF,
+    vllm_is_cpu_build,
+    vLLMEngineStageUDF,
+)
+from ray_stream_llm.integrations.progress import progress_enabled
+from ray_stream_llm.integrations.shm import remove_orphaned_segments
+from ray_stream_llm.integrations.stream_watch import StreamWatcher
+from ray_stream_llm.integrations.telemetry import job_id, node_ip, publish
+from ray_stream_llm.integrations.vllm_plugin import streamer_settings
+from ray_stream_llm.reports import build_report
+from ray_stream_llm.stores.settings import ObjectStoreConfig
+from ray_stream_llm.uri import looks_like_uri, parse_model_uri
+
+logger = logging.getLogger(__name__)
+
+
+def local_metadata(
+    model: Any, *, require: tuple[str, ...] = (), store: ObjectStoreConfig | None = None
+) -> Any:
+    """The local metadata directory for an object-store URI; anything else unchanged.
+
+    In an actor ``store`` is None: the settings arrived in its environment.
+    """
+    if not looks_like_uri(model):
+        return model
+    return str(fetch_metadata_report(model, require=require, object_store=store).path)
+
+
+class SecretEnv:
+    """Secret environment values on their way to an actor, in the UDF's constructor
+    arguments rather than the runtime_env (Ray's runtime-env agent logs runtime_envs).
+    Never shows its values."""
+
+    def __init__(self, values: dict[str, str]):
+        self._values = dict(values)
+
+    def apply(self) -> None:
+        os.environ.update(self._values)
+
+    def __repr__(self) -> str:
+        return f"SecretEnv({sorted(self._values)})"
+
+
+def _actor_logging() -> None:
+    """In the stage actors this library creates (never in the user's own processes), show
+    its INFO lines (fetch and load figures) in the worker log and the driver, as Ray's own
+    libraries do, unless logging was configured there already."""
+    package = logging.getLogger("ray_stream_llm")
+    if package.level == logging.NOTSET:
+        package.setLevel(logging.INFO)
+    if not package.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        package.addHandler(handler)
+
+
+def _prepare(secret_env: SecretEnv | None, stream: bool, model: Any, **kw: Any) -> Any:
+    """In the actor, first thing: the secrets into its environment (the engine's child
+    processes inherit it), then the model's metadata when the weights are streamed."""
+    _actor_logging()
+    if secret_env is not None:
+        secret_env.apply()
+    return local_metadata(model, **kw) if stream else model
+
+
+KV_CACHE_SHARE = 0.2  # of the memory available when the engine starts
+KV_CACHE_MIN = 256 << 20
+KV_CACHE_MAX = 8 << 30
+_KV_CACHE_SETTINGS = ("kv_cache_memory_bytes", "gpu_memory_utilization")
+
+
+def cpu_kv_cache_default(engine_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """With vLLM's CPU build, ``engine_kwargs`` with ``kv_cache_memory_bytes`` sized from
+    the memory available on this node, unless the user chose (VLLM_CPU_KVCACHE_SPACE,
+    ``kv_cache_memory_bytes`` or ``gpu_memory_utilization``). vLLM's own CPU default
+    reserves 92% of the node's total memory and refuses to start when less is free."""
+    if not vllm_is_cpu_build() or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        return engine_kwargs
+    if any(engine_kwargs.get(name) is not None for name in _KV_CACHE_SETTINGS):
+        return engine_kwargs
+    import psutil
+
+    available = psutil.virtual_memory().available
+    size = int(min(max(available * KV_CACHE_SHARE, KV_CACHE_MIN), KV_CACHE_MAX)) >> 20 << 20
+    logger.info(
+        "vLLM CPU build: KV cache of %.2f GiB per engine (%d%% of the %.1f GiB available on "
+        "this node, at most %d GiB); set engine_kwargs['kv_cache_memory_bytes'] or "
+        "VLLM_CPU_KVCACHE_SPACE to choose",
+        size / (1 << 30),
+        KV_CACHE_SHARE * 100,
+        available / (1 << 30),
+        KV_CACHE_MAX >> 30,
+    )
+    return {**engine_kwargs, "kv_cache_memory_bytes": size}
+
+
+class StreamingChatTemplateUDF(ChatTemplateUDF):
+    def __init__(
+        self,
+        data_column: str,
+        expected_input_keys: list[str],
+        model: str,
+        *,
+        secret_env: SecretEnv | None = None,
+        stream: bool = True,
+        **kwargs: Any,
+    ):
+        model = _prepare(secret_env, stream, model)
+        super().__init__(data_column, expected_input_keys, model=model, **kwargs)
+
+
+class StreamingTokenizeUDF(TokenizeUDF):
+    def __init__(
+        self,
+        data_column: str,
+        expected_input_keys: list[str],
+        model: str,
+        *,
+        secret_env: SecretEnv | None = None,
+        stream: bool = True,
+        **kwargs: Any,
+    ):
+        model = _prepare(secret_env, stream, model)
+        super().__init__(data_column, expected_input_keys, model=model, **kwargs)
+
+
+class StreamingDetokenizeUDF(DetokenizeUDF):
+    def __init__(
+        self,
+        data_column: str,
+        expected_input_keys: list[str],
+        model: str,
+        *,
+        secret_env: SecretEnv | None = None,
+        stream: bool = True,
+        **kwargs: Any,
+    ):
+        model = _prepare(secret_env, stream, model)
+        super().__init__(data_column, expected_input_keys, model=model, **kwargs)
+
+
+class StreamingPrepareMultimodalUDF(PrepareMultimodalUDF):
+    def __init__(
+        self,
+        data_column: str,
+        expected_input_keys: list[str],
+        model_config_kwargs: dict[str, Any],
+        *,
+        secret_env: SecretEnv | None = None,
+        stream: bool = True,
+        **kwargs: Any,
+    ):
+        model_config_kwargs = dict(model_config_kwargs)
+        model_config_kwargs["model"] = _prepare(
+            secret_env, stream, model_config_kwargs.get("model")
+        )
+        super().__init__(data_column, expected_input_keys, model_config_kwargs, **kwargs)
+
+
+class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
+    """Ray's engine UDF with metadata fetched locally and weights streamed from the URI."""
+
+    def __init__(
+        self,
+        data_column: str,
+        expected_input_keys: list[str],
+        model: str,
+        engine_kwargs: dict[str, Any],
+        *,
+        secret_env: SecretEnv | None = None,
+        stream: bool = True,
+        load_retries: int = 0,
+        load_retry_backoff_s: float = 0.0,
+        **kwargs: Any,
+    ):
+        self._started = time.time() - 1.0  # file mtimes are coarser than time.time()
+        begin = time.perf_counter()
+        uri_text = model
+        fetched: FetchReport | None = None
+        _prepare(secret_env, False, None)  # logging and secrets; the fetch is next
+        engine_kwargs = cpu_kv_cache_default(engine_kwargs)
+        if stream:
+            uri = parse_model_uri(model)
+            fetched = fetch_metadata_report(uri)
+            engine_kwargs = dict(engine_kwargs)
+            engine_kwargs["model_weights"] = str(uri)  # vLLM then skips its own pull
+            engine_kwargs.setdefault("served_model_name", model)
+            if "tokenizer" in engine_kwargs:
+                engine_kwargs["tokenizer"] = local_metadata(engine_kwargs["tokenizer"])
+            model = str(fetched.path)
+        attempts = 1 + max(0, load_retries)
+        for attempt in range(1, attempts + 1):
+            try:
+                with StreamWatcher(uri_text, progress=progress_enabled()) as watcher:
+                    super().__init__(
+                        data_column,
+                        expected_input_keys,
+                        model=model,
+                        engine_kwargs=engine_kwargs,
+                        **kwargs,
+                    )
+                publish(
+                    build_report(
+                        model=uri_text,
+                        streamed=stream,
+                        attempt=attempt,
+                        ready_seconds=time.perf_counter() - begin,
+                        fetched=fetched,
+                        sessions=watcher.sessions,
+                        sizes=fetched.streamable if fetched else {},
+                        job_id=job_id(),
+                        node_ip=node_ip(),
+                        actor_settings=streamer_settings(),
+                    )
+                )
+                return
+            except (ValueError, TypeError):
+                raise  # a setting vLLM refused: the same on every attempt
+            except Exception as exc:  # the engine died starting: the store is the usual cause
+                self._release_engine()
+                cause = _store_check(uri_text) if stream else "not checked"
+                if attempt == attempts:
+                    raise WeightLoadError(
+                        f"the vLLM engine for {uri_text!r} failed to start {attempts} time(s) "
+                        f"(last error: {type(exc).__name__}: {exc}); object store now: {cause}. "
+                        "Check the store and the engine logs; load_retries and "
+                        "load_retry_backoff_s set the retry policy"
+                    ) from exc
+                delay = load_retry_backoff_s * 2 ** (attempt - 1)
+                logger.warning(
+                    "vLLM engine for %s failed to start (attempt %d/%d: %s: %s); object store: %s; "
+                    "retrying in %.1fs",
+                    uri_text,
+                    attempt,
+                    attempts,
+                    type(exc).__name__,
+                    exc,
+                    cause,
+                    delay,
+                )
+                time.sleep(delay)
+
+    def _release_engine(self) -> None:
+        """What a failed start left behind: the engine processes and their shared memory."""
+        llm = self.__dict__.pop("llm", None)
+        if llm is not None:
+            try:
+                llm.shutdown()
+            except Exception:  # already dead: nothing more to release
+                logger.debug("engine shutdown after a failed start raised", exc_info=True)
+        remove_orphaned_segments(self._started, wait=2.0)
+
+    def __del__(self) -> None:
+        super().__del__()  # shuts the engine down
+        if hasattr(self, "_started"):
+            remove_orphaned_segments(self._started)
+
+
+def _store_check(uri: str) -> str:
+    """One listing of the model: 'reachable', or the typed error's message."""
+    from ray_stream_llm import stores
+
+    model = parse_model_uri(uri)
+    try:
+        stores.list_model(model, None)
+    except RayStreamLLMError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "reachable"
+
+
+STREAMING_UDFS: dict[type, type] = {
+    ChatTemplateUDF: StreamingChatTemplateUDF,
+    TokenizeUDF: StreamingTokenizeUDF,
+    DetokenizeUDF: StreamingDetokenizeUDF,
+    PrepareMultimodalUDF: StreamingPrepareMultimodalUDF,
+    vLLMEngineStageUDF: StreamingvLLMEngineStageUDF,
+}

@@ -1,0 +1,166 @@
+"""Load reports: where each engine's start-up seconds and bytes went.
+
+Each engine actor builds one :class:`LoadReport` when its engine is ready and
+publishes it (:mod:`ray_stream_llm.integrations.telemetry`): one INFO log line,
+Ray metrics, and a JSON entry in the Ray cluster's internal key-value store, from
+which :func:`load_reports` returns a finished job's reports as data.
+
+The streaming figures come from the engine's own processes
+(:mod:`ray_stream_llm.integrations.vllm_plugin`), collected in the actor by
+:class:`~ray_stream_llm.integrations.stream_watch.StreamWatcher`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ray_stream_llm.fetch import FetchReport
+
+GIB = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadReport:
+    """The start of one vLLM engine in one Ray actor.
+
+    ``weight_bytes`` is the size of the safetensors objects the engine's streamer
+    read from the store (what the store served); ``streamed_tensor_bytes`` the
+    tensor bytes the streamer delivered to vLLM (the objects less their JSON
+    headers). The stream figures are ``None`` when they could not be measured:
+    the engine did not stream, its workers are other Ray actors (Ray executor,
+    tensor or pipeline parallel), or ``VLLM_PLUGINS`` excludes this library's plugin.
+    """
+
+    model: str
+    streamed: bool
+    job_id: str
+    node_ip: str
+    pid: int
+    attempt: int
+    ready_seconds: float
+    metadata_files: int
+    metadata_bytes: int
+    metadata_seconds: float
+    metadata_downloaded: bool
+    weight_files: int | None
+    weight_bytes: int | None
+    streamed_tensor_bytes: int | None
+    stream_seconds: float | None
+    streamer_settings: dict[str, str]
+    finished_at: float
+
+    @property
+    def gib_per_s(self) -> float | None:
+        if not self.weight_bytes or not self.stream_seconds:
+            return None
+        return self.weight_bytes / GIB / self.stream_seconds
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "gib_per_s": self.gib_per_s}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LoadReport:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def log_line(self) -> str:
+        settings = " ".join(f"{k}={v}" for k, v in self.streamer_settings.items())
+        if not self.streamed:
+            return f"Engine ready for {self.model} in {self.ready_seconds:.1f}s (not streamed)"
+        stream = (
+            f"{self.weight_files} safetensors files, {self.weight_bytes} bytes streamed in "
+            f"{self.stream_seconds:.2f}s ({self.gib_per_s:.3f} GiB/s)"
+            if self.stream_seconds is not None
+            else "stream figures not measured"
+        )
+        where = "downloaded" if self.metadata_downloaded else "already on this node"
+        return (
+            f"Engine ready for {self.model} in {self.ready_seconds:.1f}s (attempt {self.attempt}): "
+            f"metadata {self.metadata_files} files, {self.metadata_bytes} bytes in "
+            f"{self.metadata_seconds:.2f}s ({where}); "
+            f"weights {stream}; streamer {settings}"
+        )
+
+
+def stream_figures(sessions: list[dict[str, Any]], sizes: dict[str, int]) -> dict[str, Any]:
+    """Files, object bytes, tensor bytes and seconds of the finished streaming sessions;
+    ``sizes`` maps each object's URI to its size in the store."""
+    done = [s for s in sessions if s.get("done")]
+    if not done:
+        return {
+            "weight_files": None,
+            "weight_bytes": None,
+            "streamed_tensor_bytes": None,
+            "stream_seconds": None,
+        }
+    files = sorted({f for s in done for f in s["files"]})
+    start = min(s["started"] for s in done)
+    end = max(s["started"] + s["seconds"] for s in done)
+    return {
+        "weight_files": len(files),
+        "weight_bytes": sum(sizes.get(f, 0) for f in files),
+        "streamed_tensor_bytes": sum(s["delivered_bytes"] for s in done),
+        "stream_seconds": end - start,
+    }
+
+
+def build_report(
+    *,
+    model: str,
+    streamed: bool,
+    attempt: int,
+    ready_seconds: float,
+    fetched: FetchReport | None,
+    sessions: list[dict[str, Any]],
+    sizes: dict[str, int],
+    job_id: str,
+    node_ip: str,
+    actor_settings: dict[str, str],
+) -> LoadReport:
+    """The report of an engine that is ready; ``fetched`` is the actor's metadata fetch,
+    ``actor_settings`` the streamer settings in the actor's environment."""
+    return LoadReport(
+        model=model,
+        streamed=streamed,
+        job_id=job_id,
+        node_ip=node_ip,
+        pid=os.getpid(),
+        attempt=attempt,
+        ready_seconds=ready_seconds,
+        metadata_files=fetched.files if fetched else 0,
+        metadata_bytes=fetched.bytes if fetched else 0,
+        metadata_seconds=fetched.seconds if fetched else 0.0,
+        metadata_downloaded=bool(fetched and fetched.downloaded),
+        # as the streaming process saw them; this actor's environment when nothing streamed
+        streamer_settings=next(
+            (x["settings"] for x in sessions if x.get("done") and "settings" in x), actor_settings
+        )
+        if streamed
+        else {},
+        finished_at=time.time(),
+        **stream_figures(sessions, sizes),
+    )
+
+
+def load_reports(job_id: str | None = None) -> list[LoadReport]:
+    """The load reports of the engines of a Ray job, oldest first.
+
+    Args:
+        job_id: The Ray job's ID (hex). By default the current driver's job: call it
+            after the dataset has run, in the same process, before ``ray.shutdown()``.
+
+    Raises:
+        RuntimeError: Ray is not initialised in this process.
+
+    >>> ds.materialize()  # doctest: +SKIP
+    >>> [r.weight_bytes for r in load_reports()]  # doctest: +SKIP
+    [269060552]
+    """
+    from ray_stream_llm.integrations.telemetry import stored_reports
+
+    reports = [LoadReport.from_dict(entry) for entry in stored_reports(job_id)]
+    return sorted(reports, key=lambda r: r.finished_at)

