@@ -22,7 +22,7 @@ from ray_stream_llm.fetch import fetch_model_metadata
 from ray_stream_llm.integrations.registry import build_llm_processor, register
 from ray_stream_llm.manifest import ModelFile, ModelManifest, inspect_model
 from ray_stream_llm.patterns import FileRole
-from ray_stream_llm.reports import LoadReport, load_reports
+from ray_stream_llm.reports import LoadReport, load_reports, typed_errors
 from ray_stream_llm.stores.settings import ObjectStoreConfig
 
 register()  # ray.data.llm.build_processor(StreamingvLLMEngineProcessorConfig(...)) builds ours
@@ -44,4 +44,5 @@ __all__ = [
     "fetch_model_metadata",
     "inspect_model",
     "load_reports",
+    "typed_errors",
 ]

@@ -66,3 +66,8 @@ class ForeignFilesError(RayStreamLLMError, FileExistsError):
 
 class CacheNotWritableError(RayStreamLLMError, PermissionError):
     """A directory this library must write to (the cache, a ``dest``) is not writable."""
+
+
+class EngineStartError(RayStreamLLMError, RuntimeError):
+    """A vLLM engine failed to start for a reason that is not the object store (a setting,
+    memory, the model itself): not retried; the message quotes vLLM's root cause."""

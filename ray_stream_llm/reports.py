@@ -12,10 +12,14 @@ The streaming figures come from the engine's own processes
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
+
+from ray_stream_llm import errors
 
 if TYPE_CHECKING:
     from ray_stream_llm.fetch import FetchReport
@@ -164,3 +168,42 @@ def load_reports(job_id: str | None = None) -> list[LoadReport]:
 
     reports = [LoadReport.from_dict(entry) for entry in stored_reports(job_id)]
     return sorted(reports, key=lambda r: r.finished_at)
+
+
+@contextlib.contextmanager
+def typed_errors(job_id: str | None = None) -> Iterator[None]:
+    """Run a Ray Data job so that an engine's load failure raises this library's typed
+    error, not Ray's wrapper.
+
+    When an engine actor cannot start, Ray Data raises ``ray.exceptions.ActorDiedError``
+    (or a ``RayTaskError``), which ``except WeightLoadError`` does not catch. Inside this
+    block, such a failure is raised again as the error the engine failed with
+    (:class:`~ray_stream_llm.errors.WeightLoadError`,
+    :class:`~ray_stream_llm.errors.EngineStartError`, or the typed store error), with
+    Ray's exception as ``__cause__``. Other failures pass through unchanged.
+
+    >>> from ray_stream_llm.errors import WeightLoadError
+    >>> try:  # doctest: +SKIP
+    ...     with typed_errors():
+    ...         processor(ds).materialize()
+    ... except WeightLoadError as exc:
+    ...     print("the store failed:", exc)
+    """
+    try:
+        yield
+    except errors.RayStreamLLMError:
+        raise
+    except Exception as exc:
+        from ray_stream_llm.integrations.telemetry import stored_failures
+
+        try:
+            failures = stored_failures(job_id)
+        except Exception:  # Ray already shut down: nothing recorded to find
+            failures = []
+        if not failures:
+            raise
+        last = failures[-1]
+        cls = getattr(errors, str(last.get("class")), None)
+        if not (isinstance(cls, type) and issubclass(cls, errors.RayStreamLLMError)):
+            cls = errors.RayStreamLLMError
+        raise cls(str(last.get("message"))) from exc

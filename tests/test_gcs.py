@@ -19,6 +19,7 @@ from helpers.emulators import (
     check_inspect,
     check_metadata_fetch,
     check_stream,
+    parsed_metadata,
     running,
     upload_layouts,
 )
@@ -68,10 +69,11 @@ def test_inspect_model_reads_only_the_shard_headers(gcs, gcs_models, no_store_en
     model = gcs_models["sharded"]
     reads = check_inspect(gcs, model, _store(gcs))
     shards = sorted(model.local.glob("*.safetensors"))
-    index = model.uri + "model.safetensors.index.json"
-    # the index once, each shard's header with two ranged GETs (fake-gcs-server logs no sizes)
+    # the JSON files the engines parse (config, index, tokenizer and generation configs) once
+    # each, whole; each shard's header with two ranged GETs (fake-gcs-server logs no sizes)
     assert sorted((r.uri, r.status) for r in reads) == sorted(
-        [(index, 200)] + [(model.uri + p.name, 206) for p in shards] * 2
+        [(model.uri + name, 200) for name in parsed_metadata(model.local)]
+        + [(model.uri + p.name, 206) for p in shards] * 2
     )
 
 

@@ -16,12 +16,14 @@ from ray_stream_llm.integrations.vllm_plugin import REPORT_DIR_ENV
 
 class StreamWatcher:
     """In the engine actor, around one engine start: points the engine's processes at a
-    private report directory, turns their reports into a progress bar, and sums them."""
+    private report directory, turns their reports into one progress bar (closed at 100%),
+    and collects the streaming sessions and the failures vLLM logged."""
 
     def __init__(self, model: str, *, progress: bool = True):
         self.model = model
         self.progress = progress
         self.sessions: list[dict[str, Any]] = []
+        self.failures: list[dict[str, Any]] = []
         self._stop = threading.Event()
 
     def __enter__(self) -> StreamWatcher:
@@ -32,32 +34,43 @@ class StreamWatcher:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.sessions = self._read()
+        self.sessions = self._read("")
+        self.failures = sorted(self._read("failure-"), key=lambda f: f.get("time", 0.0))
         if self._previous is None:
             os.environ.pop(REPORT_DIR_ENV, None)
         else:
             os.environ[REPORT_DIR_ENV] = self._previous
         shutil.rmtree(self._dir, ignore_errors=True)
 
-    def _read(self) -> list[dict[str, Any]]:
-        sessions = []
+    @property
+    def streaming_interrupted(self) -> bool:
+        """Whether a streaming session started and did not finish: the weights stopped
+        arriving (the store, or the link to it, is the usual cause)."""
+        return any(not s.get("done") for s in self.sessions)
+
+    def _read(self, prefix: str) -> list[dict[str, Any]]:
+        """The JSON files of the directory: failures with ``prefix='failure-'``, the
+        streaming sessions with ``prefix=''``."""
+        found = []
         for name in sorted(os.listdir(self._dir)):
-            if name.endswith(".json"):
-                try:
-                    with open(os.path.join(self._dir, name)) as f:
-                        sessions.append(json.load(f))
-                except (OSError, ValueError):  # replaced while being read: next poll
-                    continue
-        return sessions
+            if not name.endswith(".json") or name.startswith("failure-") != bool(prefix):
+                continue
+            try:
+                with open(os.path.join(self._dir, name)) as f:
+                    found.append(json.load(f))
+            except (OSError, ValueError):  # replaced while being read: next poll
+                continue
+        return found
 
     def _watch(self) -> None:
         bar = None
+        finished = False
         try:
-            while not self._stop.wait(0.5):
-                sessions = self._read()
+            while not self._stop.wait(0.5) and not finished:
+                sessions = self._read("")
                 if not sessions or not self.progress:
                     continue
                 if bar is None:
@@ -66,7 +79,29 @@ class StreamWatcher:
                     sum(s["delivered_bytes"] for s in sessions),
                     sum(s["planned_bytes"] for s in sessions),
                 )
+                finished = all(s.get("done") for s in sessions)  # 100%: stop redrawing
         finally:
             if bar is not None:
-                bar.set(sum(s["delivered_bytes"] for s in self._read()))
+                bar.set(sum(s["delivered_bytes"] for s in self._read("")))
                 bar.close()
+
+
+def root_cause(failures: list[dict[str, Any]]) -> str | None:
+    """The first exception vLLM logged while the engine started, as ``Type: message``
+    (its innermost cause that is not vLLM's generic wrapper), or None."""
+    generic = ("Engine core initialization failed", "WorkerProc initialization failed")
+    for failure in failures:
+        for exc in reversed(failure.get("chain") or []):
+            message = str(exc.get("message", "")).strip()
+            if message and not message.startswith(generic):
+                return f"{exc.get('type')}: {message}"
+    return None
+
+
+def from_streamer(failures: list[dict[str, Any]]) -> bool:
+    """Whether an exception vLLM logged came from the Run:ai streamer."""
+    return any(
+        str(exc.get("module", "")).startswith("runai_model_streamer")
+        for failure in failures
+        for exc in failure.get("chain") or []
+    )

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -15,6 +17,7 @@ logger = logging.getLogger(__name__)
 
 KV_NAMESPACE = "ray_stream_llm"
 _KV_PREFIX = "load_report"
+_FAILURE_PREFIX = "load_failure"
 
 
 def publish(report: LoadReport) -> None:
@@ -92,32 +95,58 @@ def _record_metrics(report: LoadReport) -> None:
         m["gib_per_s"].set(report.gib_per_s, values)
 
 
-def _store(report: LoadReport) -> None:
+def _put(kind: str, job: str, node: str, pid: int, at: float, entry: dict[str, Any]) -> None:
     from ray.experimental.internal_kv import _internal_kv_initialized, _internal_kv_put
 
     if not _internal_kv_initialized():
         return
-    key = f"{_KV_PREFIX}:{report.job_id}:{report.node_ip}:{report.pid}:{report.finished_at:.6f}"
-    _internal_kv_put(key, json.dumps(report.to_dict()), namespace=KV_NAMESPACE)
+    key = f"{kind}:{job}:{node}:{pid}:{at:.6f}"
+    _internal_kv_put(key, json.dumps(entry), namespace=KV_NAMESPACE)
 
 
-def stored_reports(job_id: str | None = None) -> list[dict[str, Any]]:
-    """The stored report entries of a Ray job (by default the current driver's)."""
+def _store(report: LoadReport) -> None:
+    _put(
+        _KV_PREFIX, report.job_id, report.node_ip, report.pid, report.finished_at, report.to_dict()
+    )
+
+
+def store_failure(error: BaseException) -> None:
+    """Record the typed error an engine actor is about to fail with, so that the driver's
+    :func:`ray_stream_llm.typed_errors` can raise it in place of Ray's wrapper; never raises."""
+    now = time.time()
+    entry = {"class": type(error).__name__, "message": str(error), "time": now}
+    try:
+        _put(_FAILURE_PREFIX, job_id(), node_ip(), os.getpid(), now, entry)
+    except Exception:  # the actor fails with the error anyway
+        logger.warning("could not record the engine's failure", exc_info=True)
+
+
+def _entries(kind: str, job: str | None, what: str) -> list[dict[str, Any]]:
     import ray
     from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_list
 
     if not ray.is_initialized():
         raise RuntimeError(
-            "load_reports() reads the reports from the Ray cluster: call it after the "
-            "dataset ran and before ray.shutdown()"
+            f"{what} reads from the Ray cluster: call it after the dataset ran and before "
+            "ray.shutdown()"
         )
-    job_id = job_id or ray.get_runtime_context().get_job_id()
+    job = job or ray.get_runtime_context().get_job_id()
     entries = []
-    for key in _internal_kv_list(f"{_KV_PREFIX}:{job_id}:", namespace=KV_NAMESPACE):
+    for key in _internal_kv_list(f"{kind}:{job}:", namespace=KV_NAMESPACE):
         value = _internal_kv_get(key, namespace=KV_NAMESPACE)
         if value is not None:
             entries.append(json.loads(value))
     return entries
+
+
+def stored_reports(job: str | None = None) -> list[dict[str, Any]]:
+    """The stored report entries of a Ray job (by default the current driver's)."""
+    return _entries(_KV_PREFIX, job, "load_reports()")
+
+
+def stored_failures(job: str | None = None) -> list[dict[str, Any]]:
+    """The failures engine actors of a Ray job recorded, oldest first."""
+    return sorted(_entries(_FAILURE_PREFIX, job, "typed_errors()"), key=lambda e: e["time"])
 
 
 def node_ip() -> str:

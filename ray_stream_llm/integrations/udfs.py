@@ -12,7 +12,7 @@ import os
 import time
 from typing import Any
 
-from ray_stream_llm.errors import RayStreamLLMError, WeightLoadError
+from ray_stream_llm.errors import EngineStartError, RayStreamLLMError, WeightLoadError
 from ray_stream_llm.fetch import FetchReport, fetch_metadata_report
 from ray_stream_llm.integrations.compat import (
     ChatTemplateUDF,
@@ -24,9 +24,10 @@ from ray_stream_llm.integrations.compat import (
 )
 from ray_stream_llm.integrations.progress import progress_enabled
 from ray_stream_llm.integrations.shm import remove_orphaned_segments
-from ray_stream_llm.integrations.stream_watch import StreamWatcher
-from ray_stream_llm.integrations.telemetry import job_id, node_ip, publish
+from ray_stream_llm.integrations.stream_watch import StreamWatcher, from_streamer, root_cause
+from ray_stream_llm.integrations.telemetry import job_id, node_ip, publish, store_failure
 from ray_stream_llm.integrations.vllm_plugin import streamer_settings
+from ray_stream_llm.redact import redact
 from ray_stream_llm.reports import build_report
 from ray_stream_llm.stores.settings import ObjectStoreConfig
 from ray_stream_llm.uri import looks_like_uri, parse_model_uri
@@ -210,8 +211,9 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
             model = str(fetched.path)
         attempts = 1 + max(0, load_retries)
         for attempt in range(1, attempts + 1):
+            watcher = StreamWatcher(uri_text, progress=progress_enabled())
             try:
-                with StreamWatcher(uri_text, progress=progress_enabled()) as watcher:
+                with watcher:
                     super().__init__(
                         data_column,
                         expected_input_keys,
@@ -219,46 +221,39 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
                         engine_kwargs=engine_kwargs,
                         **kwargs,
                     )
-                publish(
-                    build_report(
-                        model=uri_text,
-                        streamed=stream,
-                        attempt=attempt,
-                        ready_seconds=time.perf_counter() - begin,
-                        fetched=fetched,
-                        sessions=watcher.sessions,
-                        sizes=fetched.streamable if fetched else {},
-                        job_id=job_id(),
-                        node_ip=node_ip(),
-                        actor_settings=streamer_settings(),
-                    )
-                )
-                return
-            except (ValueError, TypeError):
-                raise  # a setting vLLM refused: the same on every attempt
-            except Exception as exc:  # the engine died starting: the store is the usual cause
+            except Exception as exc:  # the engine did not start: why?
                 self._release_engine()
-                cause = _store_check(uri_text) if stream else "not checked"
-                if attempt == attempts:
-                    raise WeightLoadError(
-                        f"the vLLM engine for {uri_text!r} failed to start {attempts} time(s) "
-                        f"(last error: {type(exc).__name__}: {exc}); object store now: {cause}. "
-                        "Check the store and the engine logs; load_retries and "
-                        "load_retry_backoff_s set the retry policy"
-                    ) from exc
                 delay = load_retry_backoff_s * 2 ** (attempt - 1)
+                error = _start_failure(uri_text, stream, exc, watcher, attempt, attempts)
+                if error is not None:
+                    store_failure(error)  # for ray_stream_llm.typed_errors() on the driver
+                    raise error from exc
                 logger.warning(
-                    "vLLM engine for %s failed to start (attempt %d/%d: %s: %s); object store: %s; "
-                    "retrying in %.1fs",
+                    "vLLM engine for %s failed to start while loading its weights (attempt "
+                    "%d/%d: %s); retrying in %.1fs",
                     uri_text,
                     attempt,
                     attempts,
-                    type(exc).__name__,
-                    exc,
-                    cause,
+                    _cause(exc, watcher),
                     delay,
                 )
                 time.sleep(delay)
+                continue
+            publish(
+                build_report(
+                    model=uri_text,
+                    streamed=stream,
+                    attempt=attempt,
+                    ready_seconds=time.perf_counter() - begin,
+                    fetched=fetched,
+                    sessions=watcher.sessions,
+                    sizes=fetched.streamable if fetched else {},
+                    job_id=job_id(),
+                    node_ip=node_ip(),
+                    actor_settings=streamer_settings(),
+                )
+            )
+            return
 
     def _release_engine(self) -> None:
         """What a failed start left behind: the engine processes and their shared memory."""
@@ -274,6 +269,45 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         super().__del__()  # shuts the engine down
         if hasattr(self, "_started"):
             remove_orphaned_segments(self._started)
+
+
+def _cause(exc: BaseException, watcher: StreamWatcher) -> str:
+    """vLLM's root cause as its processes logged it, else the exception the actor saw."""
+    return redact(root_cause(watcher.failures) or f"{type(exc).__name__}: {exc}")
+
+
+def _start_failure(
+    uri: str,
+    stream: bool,
+    exc: BaseException,
+    watcher: StreamWatcher,
+    attempt: int,
+    attempts: int,
+) -> RayStreamLLMError | None:
+    """The typed error to raise for a failed engine start, or None to retry it.
+
+    A start is retried only when the weights were the problem: a streaming session began
+    and did not finish, the streamer raised, or the store does not answer now. Anything
+    else (a setting vLLM refused, memory, the model) fails at once, quoting vLLM's root
+    cause.
+    """
+    cause = _cause(exc, watcher)
+    store_now = _store_check(uri) if stream else "not checked"
+    if stream and (
+        watcher.streaming_interrupted or from_streamer(watcher.failures) or store_now != "reachable"
+    ):
+        if attempt < attempts:
+            return None
+        return WeightLoadError(
+            f"the vLLM engine for {uri!r} failed to load its weights {attempts} time(s) (root "
+            f"cause: {cause}); object store now: {store_now}. Check the store and the "
+            "network; load_retries and load_retry_backoff_s set the retry policy"
+        )
+    return EngineStartError(
+        f"the vLLM engine for {uri!r} failed to start, not because of the object store "
+        f"(not retried): {cause}. Fix the engine settings (engine_kwargs) or the node's "
+        "resources; the engine's log has the full traceback"
+    )
 
 
 def _store_check(uri: str) -> str:

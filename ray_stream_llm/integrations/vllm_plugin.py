@@ -14,12 +14,19 @@ into progress) and once at the end.
 
 The figures are the streamer's own: its ``total_size`` (tensor bytes of the
 files) and the tensors it yields, counted as they leave ``get_tensors``.
+
+It also records why an engine failed to start, where vLLM says it: each
+exception vLLM logs in its processes (``EngineCore failed to start.``, a worker's
+failure) becomes ``failure-<pid>-<n>.json`` (type, module, message, and its
+causes), so that the actor can quote the root cause rather than vLLM's
+"Engine core initialization failed. See root cause above."
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -103,10 +110,51 @@ def _measured(base: type) -> type:
     return MeasuredSafetensorsStreamer
 
 
+def _exception_record(exc: BaseException) -> dict[str, str]:
+    return {"type": type(exc).__name__, "module": type(exc).__module__, "message": str(exc)}
+
+
+class FailureRecorder(logging.Handler):
+    """Writes each exception vLLM logs at ERROR or above to the engine actor's directory."""
+
+    def __init__(self, directory: str):
+        super().__init__(level=logging.ERROR)
+        self.directory = directory
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not record.exc_info or record.exc_info[1] is None:
+            return
+        exc: BaseException | None = record.exc_info[1]
+        chain: list[dict[str, str]] = []
+        while exc is not None and len(chain) < 8:
+            chain.append(_exception_record(exc))
+            exc = exc.__cause__ or exc.__context__
+        state = {
+            "pid": os.getpid(),
+            "time": record.created,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "chain": chain,
+        }
+        path = os.path.join(self.directory, f"failure-{os.getpid()}-{next(_sessions)}.json")
+        try:
+            _write(path, state)
+        except OSError:  # the actor removed the directory: nobody is listening
+            pass
+
+
+def _record_failures(directory: str) -> None:
+    vllm_logger = logging.getLogger("vllm")
+    if not any(isinstance(h, FailureRecorder) for h in vllm_logger.handlers):
+        vllm_logger.addHandler(FailureRecorder(directory))
+
+
 def register() -> None:
     """Entry point of ``vllm.general_plugins``; vLLM may call it more than once per process."""
-    if not os.environ.get(REPORT_DIR_ENV):
+    directory = os.environ.get(REPORT_DIR_ENV)
+    if not directory:
         return
+    _record_failures(directory)
     try:
         from vllm.model_executor.model_loader import weight_utils
     except ImportError:

@@ -412,6 +412,14 @@ def check_metadata_fetch(
     assert len(emulator.reads()) == before + len(reads)
 
 
+def parsed_metadata(model_dir: Path) -> list[str]:
+    """The metadata files inspect_model reads whole to check them (CHECKED_METADATA and the
+    safetensors index), as the engines and tokenizers will parse them."""
+    from ray_stream_llm.patterns import CHECKED_METADATA, SAFETENSORS_INDEX
+
+    return sorted(n for n in [*CHECKED_METADATA, SAFETENSORS_INDEX] if (model_dir / n).exists())
+
+
 def check_inspect(
     emulator: GCSEmulator | Azurite, model: UploadedModel, store: ObjectStoreConfig
 ) -> list[ObjectRead]:
