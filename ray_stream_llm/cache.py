@@ -21,8 +21,12 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ray_stream_llm.errors import CacheNotWritableError
+
+if TYPE_CHECKING:
+    from filelock import FileLock
 
 CACHE_ENV = "RAY_STREAM_LLM_CACHE"
 DIR_MODE = 0o755
@@ -56,6 +60,34 @@ def _staging_prefixes(target: Path) -> tuple[str, str]:
     return f".{target.name}.tmp-", f".{target.name}.old-"
 
 
+def _lock(target: Path, lock_dir: Path | None) -> FileLock:
+    from filelock import FileLock
+
+    locks = make_dirs(lock_dir or cache_root() / "locks", setting=CACHE_ENV)
+    return FileLock(str(locks / (hashlib.sha256(str(target).encode()).hexdigest()[:16] + ".lock")))
+
+
+def _remove_stale(target: Path) -> None:
+    for prefix in _staging_prefixes(target):
+        for stale in target.parent.glob(prefix + "*"):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def sweep(target: Path, *, lock_dir: Path | None = None) -> None:
+    """Remove what a killed publisher of ``target`` left next to it, if any, when its lock
+    is free (a publisher holding it is still at work: its staging directory is left alone)."""
+    from filelock import Timeout
+
+    prefixes = _staging_prefixes(target)
+    if not any(any(target.parent.glob(p + "*")) for p in prefixes):
+        return
+    try:
+        with _lock(target, lock_dir).acquire(timeout=0):
+            _remove_stale(target)
+    except Timeout:
+        pass
+
+
 @contextlib.contextmanager
 def publishing(
     target: Path, *, lock_dir: Path | None = None, setting: str = CACHE_ENV
@@ -63,16 +95,16 @@ def publishing(
     """Hold ``target``'s lock and yield a fresh staging directory for it. On a normal exit
     the caller has either moved the staging directory into place with :func:`replace`
     or left it to be removed. Stale staging directories of ``target`` are removed first."""
-    from filelock import FileLock
-
     make_dirs(target.parent, setting=setting)
-    locks = make_dirs(lock_dir or cache_root() / "locks", setting=CACHE_ENV)
-    name = hashlib.sha256(str(target).encode()).hexdigest()[:16] + ".lock"
-    with FileLock(str(locks / name)):
-        for prefix in _staging_prefixes(target):
-            for stale in target.parent.glob(prefix + "*"):
-                shutil.rmtree(stale, ignore_errors=True)
-        staging = Path(tempfile.mkdtemp(prefix=_staging_prefixes(target)[0], dir=target.parent))
+    with _lock(target, lock_dir):
+        _remove_stale(target)
+        try:
+            staging = Path(tempfile.mkdtemp(prefix=_staging_prefixes(target)[0], dir=target.parent))
+        except OSError as exc:
+            raise CacheNotWritableError(
+                f"cannot write to {str(target.parent)!r} ({exc.strerror or exc}); set "
+                f"{setting} to a writable directory"
+            ) from None
         try:
             os.chmod(staging, DIR_MODE)  # mkdtemp makes it private; the cache is shared
             yield staging

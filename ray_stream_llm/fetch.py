@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_stream_llm import stores
-from ray_stream_llm.cache import CACHE_ENV, cache_root, publishing, replace
+from ray_stream_llm.cache import CACHE_ENV, cache_root, publishing, replace, sweep
 from ray_stream_llm.errors import ForeignFilesError
 from ray_stream_llm.patterns import REQUIRED_METADATA, FileRole, classify, require_metadata
 from ray_stream_llm.stores import ObjectInfo, StoreDeadline
@@ -240,6 +240,7 @@ def fetch_metadata_report(
     marker = _read_marker(target)
     _refuse_foreign(target, marker)  # before any download or lock
     if current(marker) is None:
+        sweep(target)  # what a fetch killed mid-way left next to it
         return report(downloaded=False, refetched=[])
     with publishing(target, setting=setting) as staging:
         marker = _read_marker(target)  # another process may have fetched it meanwhile

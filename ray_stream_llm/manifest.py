@@ -134,12 +134,7 @@ def inspect_model(
     if SAFETENSORS_INDEX in names:
         problems.extend(
             _check_index(
-                client,
-                model,
-                names[SAFETENSORS_INDEX],
-                {f.path for f in shards},
-                set(names),
-                deadline,
+                client, model, names[SAFETENSORS_INDEX], {f.path for f in shards}, deadline
             )
         )
     if tensor_parallel_size is not None:
@@ -156,89 +151,111 @@ def inspect_model(
     return ModelManifest(uri=str(model), files=files, problems=tuple(problems), tensors=tensors)
 
 
+def _loads(raw: bytes) -> Any:
+    """``json.loads`` whose every failure is a ValueError (deep nesting included)."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 def _read_json(
     client: Client, model: ModelURI, file: ModelFile, deadline: StoreDeadline
-) -> tuple[Any, str | None]:
-    """(parsed value, problem) for a small JSON object of the model directory."""
+) -> tuple[bytes | None, str | None]:
+    """(raw bytes, problem) for a small JSON file of the model directory."""
     if file.size > MAX_METADATA_JSON_BYTES:
         return None, (
             f"{file.path} is {file.size} bytes, more than the {MAX_METADATA_JSON_BYTES} a "
             "metadata file may have; upload the right file"
         )
-    raw = stores.read(client, model, file.path, deadline)
+    return stores.read(client, model, file.path, deadline), None
+
+
+def json_problem(name: str, raw: bytes, check: str) -> str | None:
+    """What the engines and tokenizers would fail on when they parse ``raw`` as ``name``:
+    ``check`` is ``"object"`` (a JSON object) or ``"model"`` (an object naming the model).
+
+    >>> json_problem("config.json", b'{"model_type": "llama"}', "model") is None
+    True
+    >>> json_problem("config.json", b"[]", "model")
+    'config.json holds a JSON list, not an object; upload a valid config.json (re-save the model)'
+    """
     try:
-        return json.loads(raw), None
+        value = _loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         what = "is empty" if not raw.strip() else f"is not valid JSON ({exc})"
-        return None, f"{file.path} {what}; upload a valid {file.path} (re-save the model)"
+        return f"{name} {what}; upload a valid {name} (re-save the model)"
+    if not isinstance(value, dict):
+        return (
+            f"{name} holds a JSON {type(value).__name__}, not an object; upload a "
+            f"valid {name} (re-save the model)"
+        )
+    if check == "model" and not (
+        isinstance(value.get("model_type"), str) or isinstance(value.get("architectures"), list)
+    ):
+        return (
+            f"{name} has neither 'model_type' nor 'architectures', so transformers "
+            "cannot tell which model it is; upload the model's own config.json"
+        )
+    return None
 
 
 def _check_json(
     client: Client, model: ModelURI, file: ModelFile, check: str, deadline: StoreDeadline
 ) -> list[str]:
-    """What the engines and tokenizers would fail on when they parse ``file``."""
-    value, problem = _read_json(client, model, file, deadline)
-    if problem:
-        return [problem]
-    if not isinstance(value, dict):
-        return [
-            f"{file.path} holds a JSON {type(value).__name__}, not an object; upload a "
-            f"valid {file.path} (re-save the model)"
-        ]
-    if check == "model" and not (
-        isinstance(value.get("model_type"), str) or isinstance(value.get("architectures"), list)
-    ):
-        return [
-            f"{file.path} has neither 'model_type' nor 'architectures', so transformers "
-            "cannot tell which model it is; upload the model's own config.json"
-        ]
-    return []
+    raw, problem = _read_json(client, model, file, deadline)
+    if raw is not None:
+        problem = json_problem(file.path, raw, check)
+    return [problem] if problem else []
 
 
-def _check_index(
-    client: Client,
-    model: ModelURI,
-    file: ModelFile,
-    shards: set[str],
-    present: set[str],
-    deadline: StoreDeadline,
-) -> list[str]:
-    index, problem = _read_json(client, model, file, deadline)
+def index_problems(raw: bytes, shards: set[str]) -> list[str]:
+    """What is wrong with a safetensors index ``raw`` given the shards in the store: it
+    must map tensor names to safe relative names of safetensors shards, each present."""
+    problem = json_problem(SAFETENSORS_INDEX, raw, "object")
     if problem:
         return [problem]
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    index = _loads(raw)
+    weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         return [
             f"{SAFETENSORS_INDEX} is not a valid index (no 'weight_map' object); re-save the model"
         ]
-    bad = sorted({repr(v) for v in weight_map.values() if not isinstance(v, str)})
+    bad = sorted({type(v).__name__ for v in weight_map.values() if not isinstance(v, str)})
     if bad:
         return [
-            f"{SAFETENSORS_INDEX} maps tensors to non-string file names ({', '.join(bad[:3])}); "
-            "re-save the model"
+            f"{SAFETENSORS_INDEX} maps tensors to values that are not file names "
+            f"({', '.join(bad)}); re-save the model"
         ]
-    named = set(weight_map.values())
+    named = {str(v) for v in weight_map.values()}
     problems = []
     unsafe = sorted(n for n in named if not is_safe_relative(n))
     if unsafe:
         problems.append(
             f"{SAFETENSORS_INDEX} names file(s) outside the model directory "
-            f"({', '.join(repr(n) for n in unsafe)}); re-save the model"
+            f"({', '.join(repr(n) for n in unsafe[:5])}); re-save the model"
         )
     safe = named - set(unsafe)
     other = sorted(n for n in safe if classify(n) is not FileRole.STREAMABLE_WEIGHTS)
     if other:
         problems.append(
-            f"{SAFETENSORS_INDEX} names non-safetensors file(s) {', '.join(other)}; the "
+            f"{SAFETENSORS_INDEX} names non-safetensors file(s) {', '.join(other[:5])}; the "
             f"streamer reads only *.safetensors: {_CONVERT_HINT}"
         )
     missing = sorted(n for n in safe - set(other) if n not in shards)
     if missing:
         problems.append(
-            f"{SAFETENSORS_INDEX} names shard(s) missing from the store: {', '.join(missing)}; "
-            "upload them or re-save the model"
+            f"{SAFETENSORS_INDEX} names shard(s) missing from the store: "
+            f"{', '.join(missing[:5])}; upload them or re-save the model"
         )
     return problems
+
+
+def _check_index(
+    client: Client, model: ModelURI, file: ModelFile, shards: set[str], deadline: StoreDeadline
+) -> list[str]:
+    raw, problem = _read_json(client, model, file, deadline)
+    return [problem] if raw is None and problem else index_problems(raw or b"", shards)
 
 
 def _check_ranks(shards: list[ModelFile], tp: int) -> list[str]:
@@ -258,22 +275,21 @@ def _check_ranks(shards: list[ModelFile], tp: int) -> list[str]:
     return []
 
 
-def _check_header(
-    client: Client, model: ModelURI, shard: ModelFile, deadline: StoreDeadline
-) -> tuple[int, str | None]:
-    """(tensor count, problem) for one shard, from two ranged GETs."""
-    name = shard.path
-    if shard.size < 8:
-        return 0, f"{name} is {shard.size} bytes, too short to be safetensors; upload it again"
-    (length,) = struct.unpack("<Q", stores.read(client, model, name, deadline, 0, 7))
-    if length == 0 or length > MAX_HEADER_BYTES or 8 + length > shard.size:
-        return 0, (
-            f"{name} has a header length of {length} bytes, impossible for a {shard.size}-byte "
+def header_length_problem(name: str, size: int, length: int) -> str | None:
+    """Whether a safetensors header of ``length`` bytes fits a ``size``-byte object."""
+    if length == 0 or length > MAX_HEADER_BYTES or 8 + length > size:
+        return (
+            f"{name} has a header length of {length} bytes, impossible for a {size}-byte "
             "object: it is truncated or not safetensors; upload it again"
         )
-    raw = stores.read(client, model, name, deadline, 8, 7 + length)
+    return None
+
+
+def parse_header(name: str, size: int, length: int, raw: bytes) -> tuple[int, str | None]:
+    """(tensor count, problem) for the JSON header ``raw`` of a ``size``-byte shard whose
+    header is ``length`` bytes long: an object of tensors whose data ends at the object's end."""
     try:
-        header = json.loads(raw)
+        header = _loads(raw)
     except (ValueError, UnicodeDecodeError):
         return 0, f"{name}: the safetensors header is not valid JSON; upload it again"
     if not isinstance(header, dict):
@@ -284,14 +300,30 @@ def _check_header(
     try:
         spans = [v["data_offsets"] for k, v in header.items() if k != "__metadata__"]
         data_end = max((int(end) for _, end in spans), default=0)
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
         return 0, (
             f"{name}: the safetensors header has a tensor without valid "
             "'data_offsets'; upload it again"
         )
-    if 8 + length + data_end != shard.size:
+    if 8 + length + data_end != size:
         return len(spans), (
-            f"{name} is {shard.size} bytes but its header describes {8 + length + data_end}: "
+            f"{name} is {size} bytes but its header describes {8 + length + data_end}: "
             "the object is truncated or corrupt; upload it again"
         )
     return len(spans), None
+
+
+def _check_header(
+    client: Client, model: ModelURI, shard: ModelFile, deadline: StoreDeadline
+) -> tuple[int, str | None]:
+    """(tensor count, problem) for one shard, from two ranged GETs."""
+    name = shard.path
+    if shard.size < 8:
+        return 0, f"{name} is {shard.size} bytes, too short to be safetensors; upload it again"
+    (length,) = struct.unpack("<Q", stores.read(client, model, name, deadline, 0, 7))
+    problem = header_length_problem(name, shard.size, length)
+    if problem:
+        return 0, problem
+    return parse_header(
+        name, shard.size, length, stores.read(client, model, name, deadline, 8, 7 + length)
+    )

@@ -2,7 +2,8 @@
 
 Every message, repr and log line of this library that can carry a user's URI,
 endpoint or connection string passes it through :func:`redact` first. Shown:
-scheme, host, port, bucket and path. Hidden: user info (``s3://KEY:SECRET@b/``),
+scheme, host, port, bucket and path. Hidden: user info (``s3://KEY:SECRET@b/``: what
+precedes the first '@' after ``scheme://`` when it holds a ':' or no '/'),
 query strings and fragments (a signed URL's or SAS token's signature lives
 there), and the values of secret fields of ``Key=Value;`` connection strings.
 """
@@ -12,8 +13,11 @@ from __future__ import annotations
 import re
 
 HIDDEN = "***"
-# user info of anything that looks like scheme://user[:password]@
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@?#\s]*@")
+# user info after scheme:// (or a mistyped scheme:/ or scheme:): 'user@' or 'user:password@' up to the first '@' (AWS secret
+# keys may hold '/', so a part with ':' may cross '/'); 's3://b/model@v2/' is not user info
+_USERINFO = re.compile(
+    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*:/{0,2})(?:[^/@\s'\"?#]*|[^@\s'\"?#]*:[^@\s'\"?#]*)@"
+)
 # the query or fragment of a URL (scheme://...)
 _QUERY = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"?#;]*)[?#][^\s'\";]*")
 # secret values of connection strings and SAS tokens, wherever they appear
@@ -22,6 +26,11 @@ _SECRET_FIELDS = re.compile(
     r"secret|token|aws_secret_access_key|aws_session_token)=)[^;&\s'\"]*",
     re.IGNORECASE,
 )
+
+
+def has_userinfo(text: str) -> bool:
+    """Whether ``text`` carries user info (credentials) after its ``scheme://``."""
+    return _USERINFO.search(text) is not None
 
 
 def redact(text: object) -> str:

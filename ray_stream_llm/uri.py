@@ -16,7 +16,7 @@ import posixpath
 import re
 
 from ray_stream_llm.errors import InvalidModelURIError, UnsafeObjectKeyError
-from ray_stream_llm.redact import redact
+from ray_stream_llm.redact import has_userinfo, redact
 from ray_stream_llm.stores.base import BACKENDS
 
 # Schemes that look right but the streamer does not read: the fix for each.
@@ -124,7 +124,7 @@ def parse_model_uri(uri: str) -> ModelURI:
     if scheme in _REFUSED_SCHEMES:
         raise InvalidModelURIError(
             f"model URI {redact(uri)!r}: scheme {scheme + '://'!r} is not read by the "
-            f"Run:ai streamer; {_REFUSED_SCHEMES[scheme].format(rest=redact(rest))}"
+            f"Run:ai streamer; {_REFUSED_SCHEMES[scheme].format(rest=redact(uri).split('://', 1)[-1])}"
         )
     if scheme not in BACKENDS:
         raise InvalidModelURIError(
@@ -137,6 +137,12 @@ def parse_model_uri(uri: str) -> ModelURI:
             f"'{scheme}://bucket/path/' and put credentials in the settings, not the URI"
         )
     bucket, _, path = rest.partition("/")
+    if has_userinfo(uri):
+        raise InvalidModelURIError(
+            f"model URI {redact(uri)!r} carries credentials before the bucket ('user@'); "
+            f"give the plain '{scheme}://bucket/path/' and put credentials in "
+            "ObjectStoreConfig (or the environment), never in the URI"
+        )
     if not _BUCKET_RE.match(bucket) or ".." in bucket:
         raise InvalidModelURIError(
             f"model URI {redact(uri)!r}: {redact(bucket)!r} is not a valid bucket name "

@@ -44,7 +44,7 @@ def test_store_drops_mid_stream_and_returns_within_retry_budget(s3_server, smoll
     assert all(r["answer"].strip() for r in rows)
     assert written == {} and out["shm_left"] == []
     log = (work / "driver.log").read_text()
-    assert "failed to start (attempt 1/3" in log
+    assert "failed to start while loading its weights (attempt 1/3" in log
     print(
         f"\nstore cut at {cut_after:.1f}s, job complete at {seconds:.1f}s, "
         f"{len(rows)}/{len(QUESTIONS)} rows"
@@ -68,9 +68,12 @@ def test_store_stays_away_fails_with_the_cause(s3_server, smollm2, work):
             expect_failure=True,
         )
         cut_after = proxy.cut_at - start if proxy.cut_at else None
-    log = out["log"]
-    assert "WeightLoadError" in log and "failed to start 2 time(s)" in log
-    assert "cannot reach the object store" in log
+    # the driver's `except WeightLoadError` ran (ray_stream_llm.typed_errors), Ray's
+    # ActorDiedError as its cause
+    assert out["error"]["class"] == "WeightLoadError", out["log"][-3000:]
+    assert out["error"]["cause"] == "ActorDiedError"
+    assert "failed to load its weights 2 time(s)" in out["error"]["message"]
+    assert "cannot reach the object store" in out["error"]["message"]
     assert not (work / "out.json").exists()  # no partial output passed off as complete
     assert written == {} and out["shm_left"] == []
     print(f"\nstore cut at {cut_after:.1f}s, job failed at {seconds:.1f}s")
@@ -91,3 +94,33 @@ def test_slow_store_still_completes(s3_server, tiny_models, work):
         assert proxy.bytes_down > 0
     assert len(out["rows"]) == 3 and all(r["num_generated_tokens"] == 4 for r in out["rows"])
     print(f"\nslow store: {len(out['rows'])} rows in {seconds:.1f}s")
+
+
+def test_engine_failing_for_another_reason_is_not_retried_and_names_the_cause(
+    s3_server, tiny_models, work
+):
+    """vLLM's CPU memory check refuses the engine (gpu_memory_utilization=0.99 of the node):
+    not the store, so no retry; the typed error quotes vLLM's own message, which otherwise
+    only the engine's log has (issue 11, class 6)."""
+    start = time.monotonic()
+    out, written, seconds = run_isolated(
+        s3_server,
+        work,
+        tiny_models["sharded"].uri,
+        "runai_streamer",
+        QUESTIONS[:1],
+        max_tokens=4,
+        engine_kwargs={"gpu_memory_utilization": 0.99},
+        config={"load_retries": 2, "load_retry_backoff_s": 30.0},
+        expect_failure=True,
+    )
+    error = out["error"]
+    assert error["class"] == "EngineStartError", out["log"][-3000:]
+    assert "not because of the object store (not retried)" in error["message"]
+    assert "less than desired CPU memory utilization" in error["message"]  # vLLM's words
+    assert "retrying" not in out["log"]
+    assert written == {}
+    print(
+        f"\nfailed in {seconds:.1f}s (started {time.monotonic() - start:.1f}s ago): "
+        f"{error['message'][:300]}"
+    )

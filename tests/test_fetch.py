@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError
 from helpers.models import UploadedModel, is_weight, list_files
+from helpers.s3log import BUCKET, AccessLog, copy_model, prefix_of
 
 from ray_stream_llm import fetch
 from ray_stream_llm.errors import (
@@ -36,70 +37,12 @@ from ray_stream_llm.errors import (
     UnsafeObjectKeyError,
 )
 from ray_stream_llm.fetch import MARKER, default_metadata_dir, fetch_model_metadata
-from ray_stream_llm.tools.localstore import LocalS3Server, Request
+from ray_stream_llm.tools.localstore import LocalS3Server
 from ray_stream_llm.uri import parse_model_uri
 
 pytestmark = [pytest.mark.s3]
 
-BUCKET = "models"
-LOG_BARRIER_BUCKET = "fetch-test-log-barrier"
 REPO = Path(__file__).resolve().parent.parent
-
-
-# --- helpers: the server's access log -----------------------------------------------------
-def _log_barrier(server: LocalS3Server, timeout: float = 15.0) -> None:
-    """Return once every request answered before this call is in the server's access log.
-
-    The log is append-only: a PUT of a fresh key made now is logged after everything
-    that was answered before it, so once it shows up the earlier lines are there too.
-    """
-    key = f"barrier/{uuid.uuid4().hex}"
-    server.put(f"s3://{LOG_BARRIER_BUCKET}/{key}", b".")
-    deadline = time.monotonic() + timeout
-    while not any(r.method == "PUT" and r.key == key for r in server.served()):
-        assert time.monotonic() < deadline, f"barrier {key} never reached the access log"
-        time.sleep(0.05)
-    time.sleep(0.05)
-
-
-class AccessLog:
-    """The requests the server logged from construction on."""
-
-    def __init__(self, server: LocalS3Server) -> None:
-        self.server = server
-        _log_barrier(server)
-        self.start = len(server.served())
-
-    def requests(self) -> list[Request]:
-        _log_barrier(self.server)
-        return self.server.served()[self.start :]
-
-    def gets(self, prefix: str = "") -> Counter[str]:
-        """``key -> number of GETs answered with the object`` in ``BUCKET`` under ``prefix``."""
-        return Counter(
-            r.key
-            for r in self.requests()
-            if r.method == "GET"
-            and r.status in (200, 206)
-            and r.bucket == BUCKET
-            and r.key
-            and r.key.startswith(prefix)
-        )
-
-
-def _prefix(uri: str) -> str:
-    """``s3://models/a/b/`` -> ``a/b/``."""
-    assert uri.startswith(f"s3://{BUCKET}/") and uri.endswith("/"), uri
-    return uri[len(f"s3://{BUCKET}/") :]
-
-
-def _copy(server: LocalS3Server, model: UploadedModel, name: str) -> UploadedModel:
-    """Upload ``model``'s local directory to a fresh prefix (leaving the session layout alone)."""
-    uri = f"s3://{BUCKET}/tiny/fetch-test/{name}-{uuid.uuid4().hex[:8]}/"
-    server.upload_dir(model.local, uri)
-    return UploadedModel(
-        name=name, uri=uri, local=model.local, metadata=model.metadata, weights=model.weights
-    )
 
 
 def _files(directory: Path) -> set[str]:
@@ -136,7 +79,7 @@ def test_fetch_brings_exactly_metadata_and_reads_no_weight(
     s3_env: dict[str, str],
 ) -> None:
     tiny = tiny_models[layout]
-    prefix = _prefix(tiny.uri)
+    prefix = prefix_of(tiny.uri)
     assert tiny.weights and tiny.metadata and "config.json" in tiny.metadata
     log = AccessLog(s3_server)
 
@@ -193,7 +136,9 @@ def test_default_dir_is_deterministic_and_ignores_trailing_slash(
     log = AccessLog(s3_server)
     first = fetch_model_metadata(with_slash)
     assert first == expected
-    assert log.gets(_prefix(tiny.uri)) == Counter({_prefix(tiny.uri) + m: 1 for m in tiny.metadata})
+    assert log.gets(prefix_of(tiny.uri)) == Counter(
+        {prefix_of(tiny.uri) + m: 1 for m in tiny.metadata}
+    )
 
     log = AccessLog(s3_server)
     second = fetch_model_metadata(without)
@@ -273,8 +218,8 @@ def test_explicit_dest_not_written_by_fetch_is_refused_and_untouched(
 def test_refetch_after_store_change_updates_files_and_marker(
     s3_server: LocalS3Server, tiny_models: dict[str, UploadedModel], s3_env: dict[str, str]
 ) -> None:
-    copy = _copy(s3_server, tiny_models["single"], "refresh")
-    prefix = _prefix(copy.uri)
+    copy = copy_model(s3_server, tiny_models["single"], "refresh")
+    prefix = prefix_of(copy.uri)
     path = fetch_model_metadata(copy.uri)
     assert _files(path) == copy.metadata
     marker = json.loads((path / MARKER).read_text())
@@ -390,8 +335,8 @@ def test_concurrent_processes_download_once_and_never_show_a_partial_dir(
     tmp_path: Path,
 ) -> None:
     n = 8
-    copy = _copy(s3_server, tiny_models["hub-mirror"], "concurrent")
-    prefix = _prefix(copy.uri)
+    copy = copy_model(s3_server, tiny_models["hub-mirror"], "concurrent")
+    prefix = prefix_of(copy.uri)
     target = default_metadata_dir(copy.uri)
     cache = Path(s3_env["RAY_STREAM_LLM_CACHE"])
     sync = tmp_path / "sync"
@@ -500,8 +445,8 @@ def test_hostile_keys_are_refused_or_normalised_by_the_store(
 ) -> None:
     """SeaweedFS refuses keys with '.', '..' or '\\' segments and collapses '//', so a
     hostile key cannot be stored here; what it does store must be fetched inside the cache."""
-    copy = _copy(s3_server, tiny_models["single"], "hostile")
-    prefix = _prefix(copy.uri)
+    copy = copy_model(s3_server, tiny_models["single"], "hostile")
+    prefix = prefix_of(copy.uri)
     client = s3_server.client()
     refused = [
         prefix + "../escape.json",
@@ -565,7 +510,7 @@ def test_missing_bucket(s3_env: dict[str, str]) -> None:
     assert not Path(s3_env["RAY_STREAM_LLM_CACHE"]).exists()
 
 
-def test_missing_prefix(s3_env: dict[str, str], tiny_models: dict[str, UploadedModel]) -> None:
+def test_missingprefix_of(s3_env: dict[str, str], tiny_models: dict[str, UploadedModel]) -> None:
     uri = f"s3://{BUCKET}/tiny/no-such-model-{uuid.uuid4().hex[:8]}/"
     with pytest.raises(ModelNotFoundError) as info:
         fetch_model_metadata(uri)

@@ -31,6 +31,8 @@ def scrape(port: int, seen: dict, stop: threading.Event) -> None:
 
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
+    from ray_stream_llm import typed_errors
+    from ray_stream_llm.errors import RayStreamLLMError
     from ray_stream_llm.stores.settings import ObjectStoreConfig
     from ray_stream_llm.tools.job import run_job
 
@@ -42,17 +44,28 @@ def main() -> None:
             target=scrape, args=(spec["metrics_port"], metrics, stop), daemon=True
         ).start()
 
-    result = run_job(
-        spec["model"],
-        spec["questions"],
-        load_format=spec["load_format"],
-        max_tokens=spec.get("max_tokens", 24),
-        ray_temp_dir=spec["ray_temp_dir"],
-        num_cpus=2,
-        object_store=store,
-        config_kwargs=spec.get("config") or {},
-        metrics_export_port=spec.get("metrics_port"),
-    )
+    try:
+        with typed_errors():  # what a user's `except WeightLoadError` sees
+            result = run_job(
+                spec["model"],
+                spec["questions"],
+                load_format=spec["load_format"],
+                max_tokens=spec.get("max_tokens", 24),
+                ray_temp_dir=spec["ray_temp_dir"],
+                num_cpus=2,
+                object_store=store,
+                engine_kwargs=spec.get("engine_kwargs"),
+                config_kwargs=spec.get("config") or {},
+                metrics_export_port=spec.get("metrics_port"),
+            )
+    except RayStreamLLMError as exc:
+        error = {
+            "class": type(exc).__name__,
+            "message": str(exc),
+            "cause": type(exc.__cause__).__name__,
+        }
+        Path(sys.argv[2]).with_name("error.json").write_text(json.dumps(error))
+        raise
     if spec.get("metrics_port"):
         threading.Event().wait(3.0)  # one more scrape after the last report
     stop.set()

@@ -45,6 +45,7 @@ def run_isolated(
     max_tokens: int = 24,
     object_store: dict | None = None,
     config: dict | None = None,
+    engine_kwargs: dict | None = None,
     expect_failure: bool = False,
     metrics_port: int | None = None,
 ) -> tuple[dict, dict[str, int], float]:
@@ -63,6 +64,7 @@ def run_isolated(
         "ray_temp_dir": str(work / "ray"),
         "object_store": object_store,
         "config": config or {},
+        "engine_kwargs": engine_kwargs,
         "metrics_port": metrics_port,
     }
     (work / "spec.json").write_text(json.dumps(spec))
@@ -83,6 +85,8 @@ def run_isolated(
         if expect_failure
         else json.loads((work / "out.json").read_text())
     )
+    if (work / "error.json").exists():  # the typed error the driver caught
+        out["error"] = json.loads((work / "error.json").read_text())
     # Shared-memory segments no live process maps, created during the run. Our engine UDF
     # removes its own; Ray's (the control run) leaks vLLM's 160 MiB ring buffer: record it,
     # then remove it so the machine stays clean.

@@ -1,0 +1,277 @@
+"""Trust (issue 11), against the real S3 server: nothing of the user's is lost, a damaged
+cache heals, no secret is echoed, every store call is bounded, and bad settings name the
+variable or directory to change."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers.faultproxy import FaultProxy
+from helpers.models import list_files
+from helpers.s3log import AccessLog, copy_model, prefix_of
+from pydantic import ValidationError
+
+from ray_stream_llm import ObjectStoreConfig, fetch_model_metadata, inspect_model
+from ray_stream_llm.errors import (
+    AccessDeniedError,
+    CacheNotWritableError,
+    ForeignFilesError,
+    InvalidModelURIError,
+    StoreTimeoutError,
+)
+from ray_stream_llm.fetch import MARKER, fetch_metadata_report
+from ray_stream_llm.stores.settings import derive_settings
+from ray_stream_llm.uri import parse_model_uri
+
+pytestmark = [pytest.mark.s3]
+SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzEXAMPLEKEY"
+
+
+# --- 1. never delete or overwrite what the library did not write ---------------------------
+def test_dest_that_is_a_file_is_refused_and_left_as_it_was(s3_env, tiny_models, tmp_path):
+    dest = tmp_path / "notes.txt"
+    dest.write_text("the user's notes\n")
+    with pytest.raises(ForeignFilesError) as err:
+        fetch_model_metadata(tiny_models["single"].uri, dest)
+    assert repr(str(dest)) in str(err.value) and "not a directory" in str(err.value)
+    assert dest.read_text() == "the user's notes\n"
+    assert [p.name for p in tmp_path.iterdir() if p.name != "cache"] == ["notes.txt"]
+
+
+def test_files_a_user_added_survive_a_refresh(s3_server, s3_env, tiny_models, tmp_path):
+    model = copy_model(s3_server, tiny_models["single"], "user-files")
+    dest = tmp_path / "meta"
+    fetch_model_metadata(model.uri, dest)
+    (dest / "my-notes.md").write_text("keep me\n")
+    config_before = (dest / "config.json").read_bytes()
+    s3_server.put(model.uri + "config.json", b'{"model_type": "llama", "changed": true}')
+    with pytest.raises(ForeignFilesError) as err:
+        fetch_model_metadata(model.uri, dest)
+    assert "'my-notes.md'" in str(err.value) and "nothing was changed" in str(err.value)
+    assert (dest / "my-notes.md").read_text() == "keep me\n"
+    assert (dest / "config.json").read_bytes() == config_before
+
+
+# --- 2. a cache that heals --------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda p: (p / "tokenizer.json").unlink(), id="tokenizer-deleted"),
+        pytest.param(
+            lambda p: (p / "config.json").write_bytes((p / "config.json").read_bytes()[:10]),
+            id="config-truncated",
+        ),
+        pytest.param(
+            lambda p: (p / "tokenizer_config.json").write_text('{"same": "size?"}'),
+            id="tokenizer-config-rewritten",
+        ),
+    ],
+)
+def test_damaged_cache_is_fetched_again_file_by_file(s3_server, s3_env, tiny_models, damage):
+    model = copy_model(s3_server, tiny_models["single"], "heal")
+    path = fetch_model_metadata(model.uri)
+    before = {p.name: p.read_bytes() for p in path.iterdir() if p.name != MARKER}
+    damage(path)
+    damaged = {
+        n for n, b in before.items() if not (path / n).exists() or (path / n).read_bytes() != b
+    }
+    assert len(damaged) == 1
+    log = AccessLog(s3_server)
+    report = fetch_metadata_report(model.uri)
+    assert report.downloaded and set(report.refetched) == damaged
+    prefix = prefix_of(model.uri)
+    assert dict(log.gets(prefix)) == {prefix + n: 1 for n in damaged}  # only what was damaged
+    assert {p.name: p.read_bytes() for p in path.iterdir() if p.name != MARKER} == before
+    assert not fetch_metadata_report(model.uri).downloaded  # healed: reused from now on
+
+
+def test_stale_staging_directory_is_removed_by_the_next_fetch(s3_env, tiny_models):
+    path = fetch_model_metadata(tiny_models["single"].uri)
+    stale = path.parent / f".{path.name}.tmp-killed"
+    stale.mkdir()
+    (stale / "tokenizer.json").write_bytes(b"x" * (1 << 20))
+    assert not fetch_metadata_report(tiny_models["single"].uri).downloaded
+    assert not stale.exists()
+
+
+def test_fetch_killed_mid_download_leaves_nothing_half_done(s3_server, s3_env, tiny_models):
+    """SIGKILL while the metadata arrives (slowly, through a proxy): no target directory or
+    a complete one, and the next fetch publishes it whole and removes the staging dir."""
+    model = copy_model(s3_server, tiny_models["hub-mirror"], "killed")
+    cache = Path(s3_env["RAY_STREAM_LLM_CACHE"])
+    with FaultProxy(s3_server.port, latency=0.5) as proxy:
+        code = textwrap.dedent(f"""
+            from ray_stream_llm import ObjectStoreConfig, fetch_model_metadata
+            fetch_model_metadata({model.uri!r}, object_store=ObjectStoreConfig(
+                endpoint_url={proxy.endpoint_url!r}, timeout_s=600))
+        """)
+        child = subprocess.Popen([sys.executable, "-c", code], env=os.environ.copy())
+        try:
+            deadline = time.monotonic() + 60
+            while not list((cache / "models").glob(".*.tmp-*/*")):
+                assert time.monotonic() < deadline and child.poll() is None
+                time.sleep(0.05)
+            os.kill(child.pid, signal.SIGKILL)
+        finally:
+            child.wait()
+    models = cache / "models"
+    assert [p for p in models.iterdir() if not p.name.startswith(".")] == []  # nothing half
+    path = fetch_model_metadata(model.uri)
+    assert list_files(path) - {MARKER} == set(model.metadata)
+    assert [p.name for p in models.iterdir() if p.name.startswith(".")] == []
+
+
+def test_metadata_cache_is_readable_by_every_user_of_the_node(s3_env, tiny_models):
+    path = fetch_model_metadata(tiny_models["sharded"].uri)
+    for p in [path, *path.rglob("*")]:
+        mode = p.stat().st_mode
+        assert mode & 0o004, (p, oct(mode))  # others may read
+        if p.is_dir():
+            assert mode & 0o001, (p, oct(mode))  # and enter
+
+
+# --- 3. secrets are never echoed ---------------------------------------------------------------
+URIS_WITH_CREDENTIALS = [
+    f"s3://AKIAEXAMPLE:{SECRET}@models/m/",
+    f"s3://AKIAEXAMPLE:{SECRET}@bad_bucket/m/",
+    f"s3://models/../m?sig={SECRET}",
+    f"s3://models//m/?X-Amz-Signature={SECRET}",
+    f"s3a://AKIAEXAMPLE:{SECRET}@models/m/",
+    f"ftp://user:{SECRET}@models/m/",
+    f"https://models.s3.amazonaws.com/m/config.json?X-Amz-Signature={SECRET}",
+    f"s3:/AKIAEXAMPLE:{SECRET}@models/m/",
+]
+
+
+@pytest.mark.parametrize("uri", URIS_WITH_CREDENTIALS)
+def test_uri_errors_never_show_credentials(uri):
+    with pytest.raises(InvalidModelURIError) as err:
+        parse_model_uri(uri)
+    assert SECRET not in str(err.value) and SECRET not in repr(err.value)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"endpoint_url": f"http://AKIA:{SECRET}@127.0.0.1:9000"},
+        {"endpoint_url": f"ftp://AKIA:{SECRET}@127.0.0.1:9000"},
+        {"gcs_emulator_endpoint": f"http://127.0.0.1:1/?token={SECRET}"},
+        {"aws_access_key_id": "AKIA", "aws_secret_access_key": SECRET, "profile_name": "p"},
+        {"aws_secret_access_key": SECRET},
+        {"azure_account_key": SECRET, "azure_connection_string": f"AccountKey={SECRET}"},
+        {
+            "azure_connection_string": "DefaultEndpointsProtocol=https;AccountName=acct;"
+            f"BlobEndpoint=https://127.0.0.1:10000/acct?sv=2024-01-01&sig={SECRET}"
+        },
+        {"streamer_concurrency": 0, "aws_secret_access_key": SECRET, "aws_access_key_id": "A"},
+    ],
+)
+def test_store_settings_errors_never_show_secrets(fields):
+    with pytest.raises(ValidationError) as err:
+        ObjectStoreConfig(**fields)
+    assert SECRET not in str(err.value) and SECRET not in repr(err.value)
+
+
+def test_reprs_and_derived_settings_never_show_secrets():
+    store = ObjectStoreConfig(
+        endpoint_url="http://127.0.0.1:9000", aws_access_key_id="AKIA", aws_secret_access_key=SECRET
+    )
+    for text in (repr(store), str(store), repr(derive_settings(store)), store.model_dump_json()):
+        assert SECRET not in text
+
+
+def test_backend_errors_never_show_secrets(s3_server, tiny_models, no_aws_env):
+    store = ObjectStoreConfig(
+        endpoint_url=s3_server.endpoint_url,
+        aws_access_key_id=s3_server.access_key_id,
+        aws_secret_access_key=SECRET,
+        region_name=s3_server.region,
+    )
+    with pytest.raises(AccessDeniedError) as err:
+        inspect_model(tiny_models["single"].uri, object_store=store)
+    assert SECRET not in str(err.value)
+
+
+# --- 5. bounded, typed, and naming the setting to change -----------------------------------------
+@pytest.fixture
+def silent_endpoint() -> Iterator[str]:
+    """A TCP endpoint on 127.0.0.1 that accepts connections and never answers."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    for conn in held:
+        conn.close()
+    listener.close()
+
+
+@pytest.mark.parametrize("timeout_s", [5.0, None])
+def test_endpoint_that_never_answers_fails_within_the_budget(
+    silent_endpoint, no_aws_env, timeout_s
+):
+    fields = {"timeout_s": timeout_s} if timeout_s else {}
+    store = ObjectStoreConfig(endpoint_url=silent_endpoint, anonymous=True, **fields)
+    budget = store.timeout_s
+    start = time.monotonic()
+    with pytest.raises(StoreTimeoutError) as err:
+        inspect_model("s3://models/m/", object_store=store)
+    elapsed = time.monotonic() - start
+    assert budget == (timeout_s or 30.0)
+    assert elapsed <= budget + 2.0, f"{elapsed:.1f}s for a budget of {budget}s"
+    assert f"within {budget:g}s" in str(err.value) and "timeout_s" in str(err.value)
+
+
+def test_partial_credentials_name_the_missing_variable(
+    s3_server, tiny_models, no_aws_env, monkeypatch
+):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAONLY")
+    with pytest.raises(AccessDeniedError) as err:
+        inspect_model(
+            tiny_models["single"].uri,
+            object_store=ObjectStoreConfig(endpoint_url=s3_server.endpoint_url),
+        )
+    assert "AWS_SECRET_ACCESS_KEY" in str(err.value) and "partial AWS credentials" in str(err.value)
+
+
+def test_unwritable_cache_names_the_variable(s3_env, tiny_models, monkeypatch):
+    monkeypatch.setenv("RAY_STREAM_LLM_CACHE", "/sys/ray-stream-llm-cache")
+    with pytest.raises(CacheNotWritableError) as err:
+        fetch_model_metadata(tiny_models["single"].uri)
+    assert "RAY_STREAM_LLM_CACHE" in str(err.value) and isinstance(err.value, PermissionError)
+
+
+def test_unwritable_dest_names_it(s3_env, tiny_models):
+    with pytest.raises(CacheNotWritableError) as err:
+        fetch_model_metadata(tiny_models["single"].uri, "/sys/ray-stream-llm-meta")
+    assert "set dest ('/sys/ray-stream-llm-meta')" in str(err.value)
+
+
+def test_inspect_refuses_the_store_listing_of_an_unsafe_key_by_name():
+    """The one key-safety rule applies to the listing too (for stores that keep such keys)."""
+    uri = parse_model_uri("s3://models/m/")
+    for bad in ("a//b.json", "./config.json", "a\\b.json"):
+        with pytest.raises(ValueError, match="would be written outside"):
+            uri.safe_relative(bad)
