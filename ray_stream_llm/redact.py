@@ -13,8 +13,9 @@ from __future__ import annotations
 import re
 
 HIDDEN = "***"
-# user info after scheme:// (or a mistyped scheme:/ or scheme:): 'user@' or 'user:password@' up to the first '@' (AWS secret
-# keys may hold '/', so a part with ':' may cross '/'); 's3://b/model@v2/' is not user info
+# user info after scheme:// (or a mistyped scheme:/ or scheme:): 'user@' or 'user:password@'
+# up to the first '@' (AWS secret keys may hold '/', so a part with ':' may cross '/');
+# 's3://b/model@v2/' is not user info
 _USERINFO = re.compile(
     r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*:/{0,2})(?:[^/@\s'\"?#]*|[^@\s'\"?#]*:[^@\s'\"?#]*)@"
 )

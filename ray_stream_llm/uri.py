@@ -122,9 +122,10 @@ def parse_model_uri(uri: str) -> ModelURI:
         )
     scheme, rest = match["scheme"].lower(), match["rest"]
     if scheme in _REFUSED_SCHEMES:
+        shown_rest = redact(uri).split("://", 1)[-1]
         raise InvalidModelURIError(
             f"model URI {redact(uri)!r}: scheme {scheme + '://'!r} is not read by the "
-            f"Run:ai streamer; {_REFUSED_SCHEMES[scheme].format(rest=redact(uri).split('://', 1)[-1])}"
+            f"Run:ai streamer; {_REFUSED_SCHEMES[scheme].format(rest=shown_rest)}"
         )
     if scheme not in BACKENDS:
         raise InvalidModelURIError(
