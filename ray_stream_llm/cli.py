@@ -1,4 +1,5 @@
-"""The ``ray-stream-llm`` console script: inspect, fetch-metadata, run, demo, bench."""
+"""The ``ray-stream-llm`` console script: inspect, fetch-metadata, run, local-store, demo,
+bench."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import functools
 import json
 import shutil
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -156,34 +156,9 @@ def fetch_metadata(
     )
 
 
-def _read_input(path: str) -> Any:
-    import ray
-
-    from ray_stream_llm.integrations.builder import (
-        MAP_NUM_CPUS,
-    )  # the processor's pre/postprocess default
-
-    suffix = Path(path).suffix.lower()
-    readers = {
-        ".jsonl": ray.data.read_json,
-        ".json": ray.data.read_json,
-        ".csv": ray.data.read_csv,
-        ".parquet": ray.data.read_parquet,
-    }
-    if suffix not in readers:
-        raise click.BadParameter(
-            f"{path!r}: use a .jsonl, .csv or .parquet file", param_hint="INPUT"
-        )
-    if not Path(path).exists():
-        raise click.BadParameter(f"{path!r} does not exist", param_hint="INPUT")
-    # A read task reserves a whole CPU by default; with the engine and the CPU stages
-    # holding theirs, a small machine would never schedule it (the job would wait forever).
-    return readers[suffix](path, ray_remote_args={"num_cpus": MAP_NUM_CPUS})
-
-
 @main.command()
 @click.argument("model_uri")
-@click.argument("input", metavar="INPUT")
+@click.argument("input", metavar="INPUT", type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
     "--column",
     required=True,
@@ -193,8 +168,8 @@ def _read_input(path: str) -> Any:
     "--output",
     "output",
     required=True,
-    type=click.Path(file_okay=False),
-    help="Directory for the Parquet output (input columns kept, plus generated_text).",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory for answers.parquet (the input columns, plus generated_text).",
 )
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True)
@@ -213,88 +188,109 @@ def _read_input(path: str) -> Any:
     metavar="KEY=JSON",
     help="Extra vLLM engine argument, e.g. --engine-kwarg max_model_len=4096.",
 )
+@click.option("--verbose", is_flag=True, help="Show Ray's and vLLM's logs and Ray Data's bars.")
 @_store_options
 @_one_line_errors
 def run(
     model_uri: str,
-    input: str,
+    input: Path,
     column: str,
-    output: str,
+    output: Path,
     max_tokens: int,
     temperature: float,
     batch_size: int,
     concurrency: int,
     engine_kwargs: tuple[str, ...],
+    verbose: bool,
     endpoint_url: str | None,
     region: str | None,
     anonymous: bool,
 ) -> None:
     """Answer every row of INPUT with the model at MODEL_URI, streamed from object storage.
 
+    The input, the column and the model are checked before Ray starts.
+
     Example: ray-stream-llm run s3://models/SmolLM2/ questions.jsonl --column question --output out/
     """
-    import ray
+    from tqdm import tqdm
 
-    from ray_stream_llm import StreamingvLLMEngineProcessorConfig, build_llm_processor
+    from ray_stream_llm.tools.batch import InputError, parse_engine_kwargs, run_batch
 
-    kwargs: dict[str, Any] = {"load_format": "runai_streamer"}
-    for item in engine_kwargs:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{item!r}: write KEY=VALUE", param_hint="--engine-kwarg")
-        try:
-            kwargs[key] = json.loads(value)
-        except ValueError:
-            kwargs[key] = value
-    start = time.perf_counter()
-    config = StreamingvLLMEngineProcessorConfig(
-        model_source=model_uri,
-        engine_kwargs=kwargs,
-        batch_size=batch_size,
-        concurrency=concurrency,
-        object_store=_store(endpoint_url, region, anonymous),
+    bar: tqdm[Any] | None = None
+
+    def progress(done: int, total: int, tokens: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, unit="row", desc="Answering", mininterval=0.5)
+        bar.n = done
+        bar.set_postfix_str(f"{tokens / max(bar.format_dict['elapsed'], 1e-9):.1f} tok/s")
+        bar.refresh()
+
+    try:
+        result = run_batch(
+            model_uri,
+            input,
+            column,
+            output,
+            sampling={"temperature": temperature, "max_tokens": max_tokens},
+            engine_kwargs=parse_engine_kwargs(engine_kwargs),
+            batch_size=batch_size,
+            concurrency=concurrency,
+            object_store=_store(endpoint_url, region, anonymous),
+            verbose=verbose,
+            progress=progress,
+        )
+    except InputError as exc:
+        raise click.UsageError(str(exc)) from None
+    finally:
+        if bar is not None:
+            bar.close()
+    click.echo(
+        f"rows: {result.rows_out}/{result.rows_in}  generated tokens: {result.generated_tokens}"
+        f"  seconds: {result.seconds:.1f}  output: {result.output}"
     )
-    ds = _read_input(input)
-    if column not in ds.columns():
-        raise click.BadParameter(
-            f"no column {column!r} in {input!r}; columns: {ds.columns()}", param_hint="--column"
+    for k, line in enumerate(result.load_lines, 1):
+        click.echo(f"engine {k}: {line}")
+    if result.rows_out != result.rows_in:
+        raise click.ClickException(
+            f"{result.rows_in - result.rows_out} row(s) missing from the output"
         )
 
-    def preprocess(row: dict[str, Any]) -> dict[str, Any]:
-        value = row[column]
-        messages = [{"role": "user", "content": value}] if isinstance(value, str) else list(value)
-        return {
-            "messages": messages,
-            "__input": dict(row),
-            "sampling_params": {"temperature": temperature, "max_tokens": max_tokens},
-        }
 
-    def postprocess(row: dict[str, Any]) -> dict[str, Any]:
-        return {
-            **row["__input"],
-            "generated_text": row["generated_text"],
-            "num_generated_tokens": int(row.get("num_generated_tokens") or 0),
-            "num_input_tokens": int(row.get("num_input_tokens") or 0),
-        }
+@main.command("local-store")
+@click.option(
+    "--model",
+    "model_dir",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="A local model directory to publish (default: the demo model, SmolLM2-135M-Instruct).",
+)
+@click.option("--uri", default=None, help="Where to publish it (default: s3://models/<dir name>/).")
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=8333,
+    show_default=True,
+    help="S3 port on 127.0.0.1.",
+)
+@_one_line_errors
+def local_store(model_dir: Path | None, uri: str | None, port: int) -> None:
+    """Start an S3 store on 127.0.0.1 with a model in it, print how to use it; Ctrl-C stops it.
 
-    processor = build_llm_processor(config, preprocess=preprocess, postprocess=postprocess)
-    rows_in = ds.count()
-    out = processor(ds).materialize()
-    out.write_parquet(output)
-    rows = out.count()
-    generated = out.sum("num_generated_tokens") if rows else 0
-    seconds = time.perf_counter() - start
-    click.echo(
-        f"rows: {rows}/{rows_in}  generated tokens: {generated}  seconds: {seconds:.1f}  "
-        f"output: {output}"
-    )
-    from ray_stream_llm import load_reports
+    Example: ray-stream-llm local-store   (then, in another shell: source the printed env.sh)
+    """
+    from ray_stream_llm.tools.store_command import serve
 
-    for k, report in enumerate(load_reports(), 1):
-        click.echo(f"engine {k}: {report.log_line()}")
-    ray.shutdown()
-    if rows != rows_in:
-        raise click.ClickException(f"{rows_in - rows} row(s) missing from the output")
+    if uri is not None:
+        from ray_stream_llm.uri import parse_model_uri
+
+        if not uri.startswith("s3://"):
+            raise click.BadParameter(f"{uri!r}: the local store speaks S3: give s3://bucket/path/")
+        uri = str(parse_model_uri(uri))
+    try:
+        sys.exit(serve(model_dir, uri, port=port, say=lambda m: click.echo(m, err=False)))
+    except (FileNotFoundError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @main.command()

@@ -15,8 +15,10 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import json
+import os
 import re
 import struct
+from pathlib import Path
 from typing import Any
 
 from ray_stream_llm import stores
@@ -99,6 +101,7 @@ def inspect_model(
     object_store: ObjectStoreConfig | None = None,
     tensor_parallel_size: int | None = None,
     check_headers: bool = True,
+    metadata_dir: str | os.PathLike[str] | None = None,
 ) -> ModelManifest:
     """List and check the model at ``uri`` without downloading any weight.
 
@@ -107,7 +110,11 @@ def inspect_model(
     ``ModelManifest.problems``; :meth:`ModelManifest.raise_if_not_streamable`
     raises them as one :class:`NotStreamableError`. With ``tensor_parallel_size``,
     pre-sharded checkpoints (``runai_streamer_sharded``) are checked to hold one
-    set of files per rank.
+    set of files per rank. With ``metadata_dir`` (a :func:`fetch_model_metadata`
+    directory of the same model) the JSON files are parsed from there, not read again.
+
+    >>> inspect_model("s3://models/SmolLM2-135M-Instruct/").weight_bytes  # doctest: +SKIP
+    269060552
     """
     model = parse_model_uri(uri)
     deadline = StoreDeadline(object_store.timeout_s if object_store is not None else None)
@@ -118,9 +125,10 @@ def inspect_model(
     problems: list[str] = []
     names = {f.path: f for f in files}
     require_metadata(str(model), names)
+    reader = _Reader(client, model, deadline, Path(metadata_dir) if metadata_dir else None)
     for name, check in CHECKED_METADATA.items():
         if name in names:
-            problems.extend(_check_json(client, model, names[name], check, deadline))
+            problems.extend(_check_json(reader, names[name], check))
     shards = [f for f in files if f.role is FileRole.STREAMABLE_WEIGHTS]
     others = [f for f in files if f.role is FileRole.OTHER_WEIGHTS]
     if not shards:
@@ -132,11 +140,7 @@ def inspect_model(
             else f"no weight files at all; {_CONVERT_HINT}"
         )
     if SAFETENSORS_INDEX in names:
-        problems.extend(
-            _check_index(
-                client, model, names[SAFETENSORS_INDEX], {f.path for f in shards}, deadline
-            )
-        )
+        problems.extend(_check_index(reader, names[SAFETENSORS_INDEX], {f.path for f in shards}))
     if tensor_parallel_size is not None:
         problems.extend(_check_ranks(shards, tensor_parallel_size))
     tensors = 0
@@ -159,16 +163,27 @@ def _loads(raw: bytes) -> Any:
         raise ValueError("nested too deeply") from None
 
 
-def _read_json(
-    client: Client, model: ModelURI, file: ModelFile, deadline: StoreDeadline
-) -> tuple[bytes | None, str | None]:
-    """(raw bytes, problem) for a small JSON file of the model directory."""
-    if file.size > MAX_METADATA_JSON_BYTES:
-        return None, (
-            f"{file.path} is {file.size} bytes, more than the {MAX_METADATA_JSON_BYTES} a "
-            "metadata file may have; upload the right file"
-        )
-    return stores.read(client, model, file.path, deadline), None
+@dataclasses.dataclass(frozen=True)
+class _Reader:
+    """Reads the model's small files: from ``local`` when it holds a copy of the same size
+    (a metadata fetch of this model), else from the store, within ``deadline``."""
+
+    client: Client
+    model: ModelURI
+    deadline: StoreDeadline
+    local: Path | None = None
+
+    def json(self, file: ModelFile) -> tuple[bytes | None, str | None]:
+        """(raw bytes, problem) for a small JSON file of the model directory."""
+        if file.size > MAX_METADATA_JSON_BYTES:
+            return None, (
+                f"{file.path} is {file.size} bytes, more than the {MAX_METADATA_JSON_BYTES} a "
+                "metadata file may have; upload the right file"
+            )
+        copy = self.local / file.path if self.local else None
+        if copy is not None and copy.is_file() and copy.stat().st_size == file.size:
+            return copy.read_bytes(), None
+        return stores.read(self.client, self.model, file.path, self.deadline), None
 
 
 def json_problem(name: str, raw: bytes, check: str) -> str | None:
@@ -200,10 +215,8 @@ def json_problem(name: str, raw: bytes, check: str) -> str | None:
     return None
 
 
-def _check_json(
-    client: Client, model: ModelURI, file: ModelFile, check: str, deadline: StoreDeadline
-) -> list[str]:
-    raw, problem = _read_json(client, model, file, deadline)
+def _check_json(reader: _Reader, file: ModelFile, check: str) -> list[str]:
+    raw, problem = reader.json(file)
     if raw is not None:
         problem = json_problem(file.path, raw, check)
     return [problem] if problem else []
@@ -251,10 +264,8 @@ def index_problems(raw: bytes, shards: set[str]) -> list[str]:
     return problems
 
 
-def _check_index(
-    client: Client, model: ModelURI, file: ModelFile, shards: set[str], deadline: StoreDeadline
-) -> list[str]:
-    raw, problem = _read_json(client, model, file, deadline)
+def _check_index(reader: _Reader, file: ModelFile, shards: set[str]) -> list[str]:
+    raw, problem = reader.json(file)
     return [problem] if raw is None and problem else index_problems(raw or b"", shards)
 
 

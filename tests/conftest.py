@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -98,6 +100,31 @@ def work() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="rsl-job-", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def silent_endpoint() -> Iterator[str]:
+    """A TCP endpoint on 127.0.0.1 that accepts connections and never answers."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    for conn in held:
+        conn.close()
+    listener.close()
 
 
 # --- the real demo model, leftovers check -------------------------------------------------

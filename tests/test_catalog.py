@@ -9,6 +9,7 @@ step. Regenerate it from real messages with: RSL_WRITE_CATALOG=1 make test
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import re
 import shutil
@@ -44,7 +45,8 @@ class Case:
     model: str = "s3://models/tiny/single/"
     prepare: Callable | None = None  # (server, tiny_models) -> model uri
     engine_kwargs: dict = field(default_factory=dict)
-    store: Callable | None = None  # (server) -> ObjectStoreConfig
+    store: Callable | str | None = None  # (server) -> ObjectStoreConfig, or a named endpoint
+    env: dict = field(default_factory=dict)  # the driver's environment for this case
 
 
 def _upload_variant(server, tiny, name: str, edit: Callable[[Path], None]) -> str:
@@ -106,6 +108,35 @@ def _pre_sharded(root: Path):
     (root / "model.safetensors").unlink()
     for rank in (0, 1):
         (root / f"model-rank-{rank}-part-0.safetensors").write_bytes(data)
+
+
+def _write(name: str, data: str | bytes):
+    def edit(root: Path):
+        path = root / name
+        path.write_bytes(data.encode() if isinstance(data, str) else data)
+
+    return edit
+
+
+def _index_map(value) -> Callable[[Path], None]:
+    """The index's weight_map with its first entry pointing at ``value``."""
+
+    def edit(root: Path):
+        index = json.loads((root / "model.safetensors.index.json").read_text())
+        first = next(iter(index["weight_map"]))
+        index["weight_map"][first] = value
+        (root / "model.safetensors.index.json").write_text(json.dumps(index))
+        if value == "pytorch_model.bin":
+            (root / "pytorch_model.bin").write_bytes(b"\0" * 64)
+
+    return edit
+
+
+def _header(text: bytes) -> Callable[[Path], None]:
+    def edit(root: Path):
+        (root / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + b"\0" * 8)
+
+    return edit
 
 
 def _closed_port() -> str:
@@ -298,6 +329,162 @@ CASES = [
         "model-rank-<rank>-part-<part>.safetensors",
         engine_kwargs={"load_format": "runai_streamer_sharded"},
     ),
+    # --- issue 11: broken metadata, credentials in URIs, bounded and typed store calls ---
+    Case(
+        "config-not-json",
+        "`config.json` that is not JSON",
+        errors.NotStreamableError,
+        "config.json is not valid JSON",
+        prepare=_variant("single", _write("config.json", "{not json")),
+    ),
+    Case(
+        "config-empty",
+        "an empty `config.json`",
+        errors.NotStreamableError,
+        "config.json is empty",
+        prepare=_variant("single", _write("config.json", "")),
+    ),
+    Case(
+        "config-list",
+        "`config.json` holding a JSON list",
+        errors.NotStreamableError,
+        "config.json holds a JSON list, not an object",
+        prepare=_variant("single", _write("config.json", "[1, 2]")),
+    ),
+    Case(
+        "config-no-model-type",
+        "`config.json` without `model_type` or `architectures`",
+        errors.NotStreamableError,
+        "neither 'model_type' nor 'architectures'",
+        prepare=_variant("single", _write("config.json", '{"hidden_size": 8}')),
+    ),
+    Case(
+        "tokenizer-config-not-json",
+        "`tokenizer_config.json` that is not JSON",
+        errors.NotStreamableError,
+        "tokenizer_config.json is not valid JSON",
+        prepare=_variant("single", _write("tokenizer_config.json", "oops")),
+    ),
+    Case(
+        "generation-config-list",
+        "`generation_config.json` holding a JSON list",
+        errors.NotStreamableError,
+        "generation_config.json holds a JSON list",
+        prepare=_variant("single", _write("generation_config.json", "[]")),
+    ),
+    Case(
+        "index-not-json",
+        "a safetensors index that is not JSON",
+        errors.NotStreamableError,
+        "model.safetensors.index.json is not valid JSON",
+        prepare=_variant("sharded", _write("model.safetensors.index.json", "xx")),
+    ),
+    Case(
+        "index-no-weight-map",
+        "a safetensors index without `weight_map`",
+        errors.NotStreamableError,
+        "no 'weight_map' object",
+        prepare=_variant("sharded", _write("model.safetensors.index.json", '{"metadata": {}}')),
+    ),
+    Case(
+        "index-non-string",
+        "an index whose `weight_map` values are not strings",
+        errors.NotStreamableError,
+        "values that are not file names (int)",
+        prepare=_variant("sharded", _index_map(7)),
+    ),
+    Case(
+        "index-names-bin",
+        "an index naming a `pytorch_model.bin` that exists",
+        errors.NotStreamableError,
+        "names non-safetensors file(s) pytorch_model.bin",
+        prepare=_variant("sharded", _index_map("pytorch_model.bin")),
+    ),
+    Case(
+        "index-path-escape",
+        "an index naming `../other/model.safetensors`",
+        errors.NotStreamableError,
+        "names file(s) outside the model directory",
+        prepare=_variant("sharded", _index_map("../other/model.safetensors")),
+    ),
+    Case(
+        "header-is-list",
+        "a shard whose header is valid JSON but a list",
+        errors.NotStreamableError,
+        "header is a JSON list, not an object",
+        prepare=_variant("single", _header(b"[1, 2]")),
+    ),
+    Case(
+        "header-bad-offsets",
+        "a shard header whose `data_offsets` are not two integers",
+        errors.NotStreamableError,
+        "without valid 'data_offsets'",
+        prepare=_variant("single", _header(b'{"w": {"dtype": "F32", "data_offsets": "ab"}}')),
+    ),
+    Case(
+        "uri-credentials",
+        "`model_source='s3://KEY:SECRET@models/m/'`",
+        errors.InvalidModelURIError,
+        "carries credentials",
+        model="s3://AKIAEXAMPLE:SECRETVALUE@models/tiny/single/",
+    ),
+    Case(
+        "uri-dot-segments",
+        "`model_source='s3://models/a/../m/'`",
+        errors.InvalidModelURIError,
+        "'.' or '..' path segments",
+        model="s3://models/tiny/../tiny/single/",
+    ),
+    Case(
+        "uri-empty-segment",
+        "`model_source='s3://models//m/'`",
+        errors.InvalidModelURIError,
+        "empty path segment",
+        model="s3://models/tiny//single/",
+    ),
+    Case(
+        "partial-credentials",
+        "`AWS_ACCESS_KEY_ID` set without `AWS_SECRET_ACCESS_KEY`",
+        errors.AccessDeniedError,
+        "partial AWS credentials: AWS_SECRET_ACCESS_KEY is missing",
+        store=lambda s: ObjectStoreConfig(endpoint_url=s.endpoint_url, region_name=s.region),
+        env={"AWS_ACCESS_KEY_ID": "AKIAONLY"},
+    ),
+    Case(
+        "profile-missing",
+        "`profile_name` that no AWS config file has",
+        errors.AccessDeniedError,
+        "AWS profile 'nowhere' is not in",
+        store=lambda s: ObjectStoreConfig(endpoint_url=s.endpoint_url, profile_name="nowhere"),
+    ),
+    Case(
+        "endpoint-never-answers",
+        "an endpoint that accepts TCP and never answers (`timeout_s=5`)",
+        errors.StoreTimeoutError,
+        "did not answer within 5s",
+        store="silent",
+    ),
+    Case(
+        "cache-not-writable",
+        "`RAY_STREAM_LLM_CACHE` that cannot be written",
+        errors.CacheNotWritableError,
+        "set RAY_STREAM_LLM_CACHE (the metadata cache) to a writable directory",
+        env={"RAY_STREAM_LLM_CACHE": "/sys/ray-stream-llm-cache"},
+    ),
+    Case(
+        "load-format-not-string",
+        "`load_format=1`",
+        errors.UnsupportedLoadFormatError,
+        "must be a string, got 1",
+        engine_kwargs={"load_format": 1},
+    ),
+    Case(
+        "tuning-memory-limit",
+        "`model_loader_extra_config={'memory_limit': -5}`",
+        errors.InvalidSettingError,
+        "must be an integer >= -1, got -5",
+        engine_kwargs={**STREAM, "model_loader_extra_config": {"memory_limit": -5}},
+    ),
 ]
 
 
@@ -313,12 +500,18 @@ def plain_http():
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input_fails_fast_on_the_driver(case, s3_server, tiny_models, plain_http, no_aws_env):
+def test_bad_input_fails_fast_on_the_driver(
+    case, s3_server, tiny_models, plain_http, silent_endpoint, no_aws_env, monkeypatch
+):
     import ray
 
     model = case.prepare(s3_server, tiny_models, case.id) if case.prepare else case.model
+    for name, value in case.env.items():
+        monkeypatch.setenv(name, value)
     if case.store == "plain-http":
         store = _good(s3_server, endpoint_url=plain_http)
+    elif case.store == "silent":
+        store = _good(s3_server, endpoint_url=silent_endpoint, timeout_s=5)
     else:
         store = case.store(s3_server) if case.store else _good(s3_server)
     start = time.monotonic()
@@ -368,8 +561,8 @@ def test_docs_table_matches_catalog():
             "| an object key with `..` or an absolute path (on stores that keep such keys; "
             "SeaweedFS refuses to store them) | `UnsafeObjectKeyError` | object key "
             "'models/m/../escape.json' under 's3://models/m/' would be written outside the "
-            "metadata directory (absolute path, '..', '.', '//' or '\\'); rename or delete that "
-            "object in the store |"
+            "model directory (absolute path, '..', '.', '//', '\\' or NUL); rename or delete "
+            "that object in the store |"
         )
         DOCS.parent.mkdir(exist_ok=True)
         DOCS.write_text(

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,35 @@ def test_bad_input_one_line_no_traceback(args, fragment, env, tiny_models, tmp_p
     assert len([line for line in proc.stderr.splitlines() if line.strip()]) <= 3
 
 
+def test_run_with_a_wrong_model_answers_before_ray_starts(env, tiny_models, tmp_path):
+    """Issue 13: the model is checked before Ray starts: one line, no Ray output."""
+    (tmp_path / "q.jsonl").write_text('{"q": "hi"}\n')
+    start = time.monotonic()
+    proc = _cli(
+        ["run", "s3://models/no/such/model/", "q.jsonl", "--column", "q", "--output", "o"],
+        env,
+        cwd=tmp_path,
+    )
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0 and "ModelNotFoundError: no objects under" in proc.stderr
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert not (tmp_path / "o").exists()
+    assert elapsed < 30, f"{elapsed:.1f}s"  # a hang guard; the note quotes the measured time
+    print(f"\nwrong model: {elapsed:.1f}s, one line: {lines[0][:120]}")
+
+
+def test_run_with_a_wrong_column_names_the_columns(env, tiny_models, tmp_path):
+    (tmp_path / "q.jsonl").write_text('{"question": "hi", "id": 1}\n')
+    proc = _cli(
+        ["run", tiny_models["single"].uri, "q.jsonl", "--column", "q", "--output", "o"],
+        env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    assert "no column 'q' in 'q.jsonl'; columns: ['question', 'id']" in proc.stderr
+
+
 def test_fetch_metadata_prints_the_directory(tiny_models, env, tmp_path):
     model = tiny_models["sharded"]
     proc = _cli(["fetch-metadata", model.uri, "--dest", str(tmp_path / "meta")], env)
@@ -142,10 +172,15 @@ def test_run_jsonl_to_parquet_keeps_input_columns(tiny_models, s3_server):
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "rows: 5/5" in proc.stdout
+        # quiet by default: no Ray or vLLM log lines, no deprecation warning of ours
+        output = proc.stdout + proc.stderr
+        assert "ray_remote_args" not in output and "DeprecationWarning" not in output
+        assert "Started a local Ray instance" not in output and " INFO " not in output
+        assert len(output.splitlines()) < 30, output
         size = (tiny_models["single"].local / "model.safetensors").stat().st_size
         assert f"engine 1: Engine ready for {tiny_models['single'].uri}" in proc.stdout
         assert f"weights 1 safetensors files, {size} bytes streamed" in proc.stdout
-        table = pq.read_table(work / "out").to_pylist()
+        table = pq.read_table(work / "out" / "answers.parquet").to_pylist()
         assert sorted((r["id"], r["prompt"]) for r in table) == [
             (r["id"], r["prompt"]) for r in rows
         ]

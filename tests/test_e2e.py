@@ -83,7 +83,7 @@ def test_streamed_smollm2_answers_with_no_weights_on_disk(s3_server, smollm2, wo
         report["stream_seconds"]
     )
     # the log line and the progress bars in the driver's console
-    log = (work / "driver.log").read_text()
+    log = (work / "job.log").read_text()
     assert f"Engine ready for {smollm2.uri}" in log
     assert f"{size} bytes streamed in {report['stream_seconds']:.2f}s" in log
     assert f"Streaming weights of {smollm2.uri}: 100%" in log
@@ -162,7 +162,7 @@ def test_settings_only_in_config_reach_every_actor_and_no_secret_leaks(
     assert shards <= reads  # every shard was streamed by the engine, with the config's settings
     # the secret: nowhere in the driver's output, Ray's session logs, or any file written
     leaks = []
-    driver_log = (work / "driver.log").read_text(errors="replace")
+    driver_log = (work / "job.log").read_text(errors="replace")
     if secret in driver_log:
         leaks.append("driver output")
     for path in work.rglob("*"):

@@ -43,7 +43,7 @@ def test_store_drops_mid_stream_and_returns_within_retry_budget(s3_server, smoll
     assert sorted(r["question"] for r in rows) == sorted(QUESTIONS)
     assert all(r["answer"].strip() for r in rows)
     assert written == {} and out["shm_left"] == []
-    log = (work / "driver.log").read_text()
+    log = (work / "job.log").read_text()
     assert "failed to start while loading its weights (attempt 1/3" in log
     print(
         f"\nstore cut at {cut_after:.1f}s, job complete at {seconds:.1f}s, "

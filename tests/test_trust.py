@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -203,31 +200,6 @@ def test_backend_errors_never_show_secrets(s3_server, tiny_models, no_aws_env):
 
 
 # --- 5. bounded, typed, and naming the setting to change -----------------------------------------
-@pytest.fixture
-def silent_endpoint() -> Iterator[str]:
-    """A TCP endpoint on 127.0.0.1 that accepts connections and never answers."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        listener.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(listener.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    stop.set()
-    thread.join()
-    for conn in held:
-        conn.close()
-    listener.close()
-
-
 @pytest.mark.parametrize("timeout_s", [5.0, None])
 def test_endpoint_that_never_answers_fails_within_the_budget(
     silent_endpoint, no_aws_env, timeout_s

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig, streaming_load_format
+from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig
 from ray_stream_llm.integrations.compat import (
     TESTED_RAY,
     Processor,
@@ -27,11 +27,10 @@ from ray_stream_llm.integrations.udfs import (
     STREAMING_UDFS,
     SecretEnv,
     StreamingvLLMEngineStageUDF,
-    local_metadata,
 )
-from ray_stream_llm.manifest import inspect_model
+from ray_stream_llm.preflight import preflight
 from ray_stream_llm.stores.settings import StoreSettings, derive_settings
-from ray_stream_llm.uri import looks_like_uri, parse_model_uri
+from ray_stream_llm.uri import parse_model_uri
 
 logger = logging.getLogger(__name__)
 
@@ -77,9 +76,10 @@ def _map_kwargs_defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_streaming_processor(
-    config: StreamingvLLMEngineProcessorConfig, **kwargs: Any
+    config: StreamingvLLMEngineProcessorConfig, *, driver_dir: str | None = None, **kwargs: Any
 ) -> Processor:
-    """The registered builder of ``StreamingvLLMEngineProcessorConfig``."""
+    """The registered builder of ``StreamingvLLMEngineProcessorConfig``; ``driver_dir`` is
+    what :func:`ray_stream_llm.preflight.preflight` returned, when it already ran."""
     settings = derive_settings(config.object_store)
     updates = resource_defaults(config)
     updates.update(store_updates(config, settings, updates))
@@ -97,18 +97,7 @@ def build_streaming_processor(
         return processor
 
     uri = parse_model_uri(config.model_source)
-    # On the driver, before any actor: checks the model exists, is readable and has
-    # a config.json, and gives Ray's builder a local directory (Ray would otherwise
-    # download every non-safetensors file here).
-    store = config.object_store
-    # Preflight: list, classify, check index and shard headers; typed errors here.
-    sharded = streaming_load_format(config.engine_kwargs) == "runai_streamer_sharded"
-    tp = int(config.engine_kwargs.get("tensor_parallel_size", 1)) if sharded else None
-    inspect_model(str(uri), object_store=store, tensor_parallel_size=tp).raise_if_not_streamable()
-    driver_dir = local_metadata(str(uri), require=("config.json",), store=store)
-    tokenizer = config.engine_kwargs.get("tokenizer")
-    if looks_like_uri(tokenizer):
-        local_metadata(tokenizer, store=store)
+    driver_dir = driver_dir or preflight(config)
     processor = build_vllm_engine_processor(
         config.model_copy(update={**updates, "model_source": driver_dir}), **kwargs
     )

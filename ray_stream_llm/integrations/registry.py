@@ -15,6 +15,7 @@ from ray.data.llm import build_processor
 from ray.llm._internal.batch.processor.base import ProcessorBuilder
 
 from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig
+from ray_stream_llm.preflight import preflight
 
 if TYPE_CHECKING:
     from ray.data.llm import vLLMEngineProcessorConfig
@@ -24,10 +25,12 @@ Row = dict[str, Any]
 
 
 def _build(config: StreamingvLLMEngineProcessorConfig, **kwargs: Any) -> Processor:
+    config.check_streaming_source()
+    # The model is checked before Ray's stages (and vLLM, torch) are imported: seconds.
+    driver_dir = preflight(config) if config.streams_from_object_store else None
     from ray_stream_llm.integrations.builder import build_streaming_processor
 
-    config.check_streaming_source()
-    return build_streaming_processor(config, **kwargs)
+    return build_streaming_processor(config, driver_dir=driver_dir, **kwargs)
 
 
 def register() -> None:

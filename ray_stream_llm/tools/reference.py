@@ -1,7 +1,7 @@
-"""The configuration reference in the README, generated from the config models.
+"""The configuration reference (docs/configuration.md), generated from the config models.
 
-``python -m ray_stream_llm.tools.reference`` prints it; ``--write README.md`` replaces the
-part between the markers. tests/test_docs.py fails when the README drifts from the code.
+``python -m ray_stream_llm.tools.reference`` prints it; ``--write docs/configuration.md``
+replaces the part between the markers. tests/test_docs.py fails when it drifts from the code.
 """
 
 from __future__ import annotations

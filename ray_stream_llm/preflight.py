@@ -1,0 +1,35 @@
+"""The driver's checks of a streamed model before any actor starts, and the local
+metadata directory they leave for Ray's builder.
+
+Runs before Ray's stage modules (and with them vLLM and torch) are imported, so a
+wrong URI, an unreachable store or a broken model answers in seconds.
+"""
+
+from __future__ import annotations
+
+from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig, streaming_load_format
+from ray_stream_llm.fetch import fetch_metadata_report
+from ray_stream_llm.manifest import inspect_model
+from ray_stream_llm.uri import looks_like_uri, parse_model_uri
+
+
+def preflight(config: StreamingvLLMEngineProcessorConfig) -> str:
+    """Fetch the model's metadata on the driver and check the model; return the local
+    directory. Typed errors: the store's (missing, denied, unreachable, slow), a missing
+    ``config.json``, and :class:`~ray_stream_llm.errors.NotStreamableError` for what the
+    engines and tokenizers would fail on."""
+    uri = parse_model_uri(config.model_source)
+    store = config.object_store
+    # The metadata fetch first (Ray's builder gets the local directory, where it would
+    # otherwise download every non-safetensors file); then the preflight parses the
+    # fetched JSON as the engines will and reads each shard's header.
+    driver_dir = fetch_metadata_report(uri, object_store=store).path
+    sharded = streaming_load_format(config.engine_kwargs) == "runai_streamer_sharded"
+    tp = int(config.engine_kwargs.get("tensor_parallel_size", 1)) if sharded else None
+    inspect_model(
+        str(uri), object_store=store, tensor_parallel_size=tp, metadata_dir=driver_dir
+    ).raise_if_not_streamable()
+    tokenizer = config.engine_kwargs.get("tokenizer")
+    if looks_like_uri(tokenizer):
+        fetch_metadata_report(tokenizer, object_store=store)
+    return str(driver_dir)

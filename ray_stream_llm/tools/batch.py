@@ -1,0 +1,167 @@
+"""The ``run`` command's job: every row of a file answered by a streamed model.
+
+Everything that can be checked is checked before Ray starts: the input file and its
+column (read with the standard library and pyarrow, not Ray), the engine arguments
+and the model (the processor is built, with its preflight, before ``ray.init``).
+Then the job runs quietly (Ray and vLLM log at WARNING unless ``verbose``), with one
+progress display (rows done, tokens per second), and writes one Parquet file.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+QUIET_ENV = {"VLLM_LOGGING_LEVEL": "WARNING", "RAY_STREAM_LLM_PROGRESS": "0"}
+
+
+class InputError(ValueError):
+    """The input file, its column or an option is wrong; the message says which and why."""
+
+
+@dataclasses.dataclass
+class BatchResult:
+    rows_in: int
+    rows_out: int
+    generated_tokens: int
+    seconds: float
+    output: Path
+    load_lines: list[str]
+
+
+def input_columns(path: Path) -> list[str]:
+    """The columns of ``path`` (JSON lines, CSV or Parquet), read without Ray."""
+    suffix = path.suffix.lower()
+    if suffix not in SUFFIXES:
+        raise InputError(f"{str(path)!r}: use a .jsonl, .csv or .parquet file")
+    if not path.is_file():
+        raise InputError(f"{str(path)!r} does not exist")
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return list(pq.read_schema(path).names)
+    with open(path, newline="", encoding="utf-8") as f:
+        if suffix == ".csv":
+            return next(csv.reader(f), [])
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except ValueError as exc:
+                    raise InputError(f"{str(path)!r} line {number} is not JSON ({exc})") from None
+                if not isinstance(row, dict):
+                    raise InputError(f"{str(path)!r} line {number} is not a JSON object")
+                return list(row)
+    raise InputError(f"{str(path)!r} has no rows")
+
+
+def parse_engine_kwargs(items: tuple[str, ...]) -> dict[str, Any]:
+    """``KEY=JSON`` items (a value that is not JSON is taken as a string)."""
+    kwargs: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InputError(f"--engine-kwarg {item!r}: write KEY=VALUE")
+        try:
+            kwargs[key] = json.loads(value)
+        except ValueError:
+            kwargs[key] = value
+    return kwargs
+
+
+def run_batch(
+    model_uri: str,
+    input_path: Path,
+    column: str,
+    output: Path,
+    *,
+    sampling: dict[str, Any],
+    engine_kwargs: dict[str, Any],
+    batch_size: int,
+    concurrency: int,
+    object_store: Any = None,
+    verbose: bool = False,
+    progress: Callable[[int, int, int], None] | None = None,
+) -> BatchResult:
+    """Answer every row of ``input_path``; write ``output/answers.parquet``."""
+    start = time.perf_counter()
+    if not verbose:  # vLLM's import-time lines on the driver
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    columns = input_columns(input_path)
+    if column not in columns:
+        raise InputError(f"no column {column!r} in {str(input_path)!r}; columns: {columns}")
+    from ray_stream_llm import (
+        StreamingvLLMEngineProcessorConfig,
+        build_llm_processor,
+        load_reports,
+        typed_errors,
+    )
+    config = StreamingvLLMEngineProcessorConfig(
+        model_source=model_uri,
+        engine_kwargs={"load_format": "runai_streamer", **engine_kwargs},
+        batch_size=batch_size,
+        concurrency=concurrency,
+        object_store=object_store,
+    )
+
+    def preprocess(row: dict[str, Any]) -> dict[str, Any]:
+        value = row[column]
+        messages = [{"role": "user", "content": value}] if isinstance(value, str) else list(value)
+        return {"messages": messages, "__input": dict(row), "sampling_params": sampling}
+
+    def postprocess(row: dict[str, Any]) -> dict[str, Any]:
+        return {
+            **row["__input"],
+            "generated_text": row["generated_text"],
+            "num_generated_tokens": int(row.get("num_generated_tokens") or 0),
+            "num_input_tokens": int(row.get("num_input_tokens") or 0),
+        }
+
+    # Built before Ray starts: the preflight answers a wrong model in seconds, no Ray output.
+    processor = build_llm_processor(config, preprocess=preprocess, postprocess=postprocess)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import ray
+
+    from ray_stream_llm.integrations.builder import MAP_NUM_CPUS  # the processor's map default
+
+    if not ray.is_initialized():
+        for key, value in () if verbose else QUIET_ENV.items():
+            os.environ.setdefault(key, value)
+        ray.init(
+            include_dashboard=False,
+            logging_level=logging.INFO if verbose else logging.WARNING,
+            log_to_driver=verbose,
+            runtime_env={"env_vars": {k: os.environ[k] for k in QUIET_ENV if k in os.environ}},
+        )
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = verbose  # ours is the one display when quiet
+    readers = {".parquet": ray.data.read_parquet, ".csv": ray.data.read_csv}
+    reader = readers.get(input_path.suffix.lower(), ray.data.read_json)
+    # A read task reserves a whole CPU by default; beside the engine and the CPU stages a
+    # small machine would never schedule it.
+    ds = reader(str(input_path), num_cpus=MAP_NUM_CPUS)
+    rows_in = ds.count()
+    tables, rows, tokens = [], 0, 0
+    with typed_errors():
+        for batch in processor(ds).iter_batches(batch_format="pyarrow", batch_size=None):
+            tables.append(batch)
+            rows += batch.num_rows
+            tokens += sum(batch.column("num_generated_tokens").to_pylist())
+            if progress is not None:
+                progress(rows, rows_in, tokens)
+    output.mkdir(parents=True, exist_ok=True)
+    target = output / "answers.parquet"
+    if tables:
+        pq.write_table(pa.concat_tables(tables, promote_options="default"), target)
+    lines = [report.log_line() for report in load_reports()]
+    ray.shutdown()
+    return BatchResult(rows_in, rows, tokens, time.perf_counter() - start, target, lines)
