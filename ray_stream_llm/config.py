@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import difflib
 import logging
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 from ray.data.llm import vLLMEngineProcessorConfig
@@ -150,6 +150,21 @@ class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
         ge=0,
         description="Seconds before the first retry of a failed engine start; doubled on each "
         "further retry.",
+    )
+    weight_sharing: Literal["auto", "node", "off"] = Field(
+        default="auto",
+        description="Streamed load formats: 'node' pulls each weight object from the store "
+        "once per node into a memory-backed directory that every engine on the node streams "
+        "from (started by the node's first stage actor, overlapping engine start-up); 'off' "
+        "streams each engine from the store; 'auto' is 'node' when more than one engine can "
+        "run (concurrency > 1) and the node's memory allows it, else 'off'. Engines with "
+        "tensor or pipeline parallelism stream from the store.",
+    )
+    weight_sharing_dir: str | None = Field(
+        default=None,
+        description="Where the node's shared weights live (default /dev/shm/ray_stream_llm, "
+        "memory-backed). A disk path named here is used as given: the weights then reach "
+        "that disk.",
     )
     object_store: ObjectStoreConfig | None = Field(
         default=None,

@@ -71,3 +71,8 @@ class CacheNotWritableError(RayStreamLLMError, PermissionError):
 class EngineStartError(RayStreamLLMError, RuntimeError):
     """A vLLM engine failed to start for a reason that is not the object store (a setting,
     memory, the model itself): not retried; the message quotes vLLM's root cause."""
+
+
+class WeightSharingError(RayStreamLLMError, MemoryError):
+    """``weight_sharing='node'`` was asked for, and the weights cannot be shared on a node
+    (not enough memory, or no memory-backed directory); the message names the sizes."""

@@ -58,6 +58,7 @@ class FetchReport:
     skipped_weight_files: int
     skipped_weight_bytes: int
     streamable: dict[str, int]  # the *.safetensors among the skipped weights: URI -> size
+    weight_objects: tuple[ObjectInfo, ...] = ()  # those *.safetensors, as the store listed them
 
     @property
     def streamable_bytes(self) -> int:
@@ -227,6 +228,9 @@ def fetch_metadata_report(
             skipped_weight_files=len(weights),
             skipped_weight_bytes=sum(o.size for o in weights),
             streamable=streamable,
+            weight_objects=tuple(
+                o for o in weights if roles[o.path] is FileRole.STREAMABLE_WEIGHTS
+            ),
         )
 
     def current(marker: dict[str, Any] | None) -> tuple[list[str], list[str]] | None:

@@ -56,6 +56,9 @@ class LoadReport:
     stream_seconds: float | None
     streamer_settings: dict[str, str]
     finished_at: float
+    weight_sharing: str = "off"  # "node": streamed from the node's one pull; "off[: why]"
+    weight_wait_seconds: float | None = None  # waiting for the node's pull, while streaming
+    pull_hidden_seconds: float | None = None  # of the node's pull, before this engine streamed
 
     @property
     def gib_per_s(self) -> float | None:
@@ -81,6 +84,11 @@ class LoadReport:
             if self.stream_seconds is not None
             else "stream figures not measured"
         )
+        if self.weight_sharing == "node":
+            stream += (
+                f" from the node's shared pull (waited {self.weight_wait_seconds or 0:.2f}s; "
+                f"{self.pull_hidden_seconds or 0:.2f}s of the pull before this engine streamed)"
+            )
         where = "downloaded" if self.metadata_downloaded else "already on this node"
         return (
             f"Engine ready for {self.model} in {self.ready_seconds:.1f}s (attempt {self.attempt}): "
@@ -124,9 +132,18 @@ def build_report(
     job_id: str,
     node_ip: str,
     actor_settings: dict[str, str],
+    weight_sharing: str = "off",
+    pull: dict[str, Any] | None = None,
 ) -> LoadReport:
     """The report of an engine that is ready; ``fetched`` is the actor's metadata fetch,
-    ``actor_settings`` the streamer settings in the actor's environment."""
+    ``actor_settings`` the streamer settings in the actor's environment, ``pull`` the
+    node's shared pull (started, finished) when the weights were shared."""
+    done = [s for s in sessions if s.get("done")]
+    waited = sum(float(s.get("waited", 0.0)) for s in done) if weight_sharing == "node" else None
+    hidden = None
+    if pull is not None and done:
+        stream_start = min(float(s["started"]) for s in done)
+        hidden = max(0.0, min(float(pull["finished"]), stream_start) - float(pull["started"]))
     return LoadReport(
         model=model,
         streamed=streamed,
@@ -146,6 +163,9 @@ def build_report(
         if streamed
         else {},
         finished_at=time.time(),
+        weight_sharing=weight_sharing,
+        weight_wait_seconds=waited,
+        pull_hidden_seconds=hidden,
         **stream_figures(sessions, sizes),
     )
 

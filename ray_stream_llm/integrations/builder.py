@@ -16,12 +16,14 @@ import logging
 from typing import Any
 
 from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig
+from ray_stream_llm.errors import InvalidSettingError
 from ray_stream_llm.integrations.compat import (
     TESTED_RAY,
     Processor,
     build_vllm_engine_processor,
     vllm_is_cpu_build,
 )
+from ray_stream_llm.integrations.node_weights import DEFAULT_BASE, Sharing
 from ray_stream_llm.integrations.runtime_env import deliver_env, scoped_env, store_updates
 from ray_stream_llm.integrations.udfs import (
     STREAMING_UDFS,
@@ -75,6 +77,34 @@ def _map_kwargs_defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
+def _engines(config: StreamingvLLMEngineProcessorConfig) -> int:
+    """The most engines the config can run (concurrency, or the top of its range)."""
+    concurrency = config.concurrency
+    return int(max(concurrency) if isinstance(concurrency, (tuple, list)) else concurrency)
+
+
+def resolve_sharing(config: StreamingvLLMEngineProcessorConfig, updates: dict[str, Any]) -> Sharing:
+    """The driver's decision on node weight sharing (the node's memory is checked there)."""
+    workers = int(config.engine_kwargs.get("tensor_parallel_size", 1)) * int(
+        config.engine_kwargs.get("pipeline_parallel_size", 1)
+    )
+    base = config.weight_sharing_dir or DEFAULT_BASE
+    if config.weight_sharing == "node" and workers > 1:
+        raise InvalidSettingError(
+            f"weight_sharing='node' needs engines of one worker, but tensor_parallel_size x "
+            f"pipeline_parallel_size is {workers}; use weight_sharing='off' (or 'auto')"
+        )
+    if config.weight_sharing == "off" or workers > 1:
+        return Sharing("off")
+    if config.weight_sharing == "auto" and _engines(config) <= 1:
+        return Sharing("off")
+    pg = updates.get("placement_group_config") or config.placement_group_config
+    bundle = dict((pg or {}).get("bundles", [{}])[0]) if isinstance(pg, dict) else {}
+    return Sharing(
+        "node", base=base, required=config.weight_sharing == "node", engine_resources=bundle
+    )
+
+
 def build_streaming_processor(
     config: StreamingvLLMEngineProcessorConfig, *, driver_dir: str | None = None, **kwargs: Any
 ) -> Processor:
@@ -109,6 +139,7 @@ def build_streaming_processor(
         uri=str(uri),
         load_retries=config.load_retries,
         load_retry_backoff_s=config.load_retry_backoff_s,
+        sharing=resolve_sharing(config, updates),
     )
     _deliver_env(processor, settings)
     processor.config = config
@@ -132,6 +163,7 @@ def _swap_udfs(
     uri: str | None = None,
     load_retries: int = 0,
     load_retry_backoff_s: float = 0.0,
+    sharing: Sharing | None = None,
 ) -> None:
     """Replace each stage's UDF by its subclass here; with ``stream`` hand every stage the
     URI in place of the driver's local directory."""
@@ -153,6 +185,8 @@ def _swap_udfs(
         ):
             ctor["model_config_kwargs"] = {**model_config_kwargs, "model": uri}
         ctor["stream"] = stream
+        if stream and sharing is not None and sharing.mode == "node":
+            ctor["sharing"] = sharing
         if replacement is StreamingvLLMEngineStageUDF and stream:
             ctor["load_retries"] = load_retries
             ctor["load_retry_backoff_s"] = load_retry_backoff_s

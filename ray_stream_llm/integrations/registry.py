@@ -24,10 +24,21 @@ if TYPE_CHECKING:
 Row = dict[str, Any]
 
 
-def _build(config: StreamingvLLMEngineProcessorConfig, **kwargs: Any) -> Processor:
+def _build(
+    config: StreamingvLLMEngineProcessorConfig,
+    *,
+    checked_metadata_dir: str | None = None,
+    **kwargs: Any,
+) -> Processor:
+    """``checked_metadata_dir`` (through ``builder_kwargs``): what
+    :func:`ray_stream_llm.preflight.preflight` returned for this config, when the caller
+    ran it before starting Ray itself (``ray-stream-llm run`` does)."""
     config.check_streaming_source()
-    # The model is checked before Ray's stages (and vLLM, torch) are imported: seconds.
-    driver_dir = preflight(config) if config.streams_from_object_store else None
+    # The model is checked before Ray's stages (and vLLM, torch) are imported, and before
+    # Ray's builder starts Ray: seconds.
+    driver_dir = checked_metadata_dir
+    if driver_dir is None and config.streams_from_object_store:
+        driver_dir = preflight(config)
     from ray_stream_llm.integrations.builder import build_streaming_processor
 
     return build_streaming_processor(config, driver_dir=driver_dir, **kwargs)

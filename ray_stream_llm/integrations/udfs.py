@@ -7,9 +7,11 @@ the load.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from ray_stream_llm.errors import EngineStartError, RayStreamLLMError, WeightLoadError
@@ -22,15 +24,16 @@ from ray_stream_llm.integrations.compat import (
     vllm_is_cpu_build,
     vLLMEngineStageUDF,
 )
+from ray_stream_llm.integrations.node_weights import NodeWeights, Sharing, pull_status, start_pull
 from ray_stream_llm.integrations.progress import progress_enabled
 from ray_stream_llm.integrations.shm import remove_orphaned_segments
 from ray_stream_llm.integrations.stream_watch import StreamWatcher, from_streamer, root_cause
 from ray_stream_llm.integrations.telemetry import job_id, node_ip, publish, store_failure
-from ray_stream_llm.integrations.vllm_plugin import streamer_settings
+from ray_stream_llm.integrations.vllm_plugin import REGION_ENV, streamer_settings
 from ray_stream_llm.redact import redact
 from ray_stream_llm.reports import build_report
 from ray_stream_llm.stores.settings import ObjectStoreConfig
-from ray_stream_llm.uri import looks_like_uri, parse_model_uri
+from ray_stream_llm.uri import ModelURI, looks_like_uri, parse_model_uri
 
 logger = logging.getLogger(__name__)
 
@@ -75,13 +78,32 @@ def _actor_logging() -> None:
         package.addHandler(handler)
 
 
-def _prepare(secret_env: SecretEnv | None, stream: bool, model: Any, **kw: Any) -> Any:
+_prefetched: list[NodeWeights] = []  # this stage actor's references, held for its lifetime
+
+
+def _prepare(
+    secret_env: SecretEnv | None, stream: bool, model: Any, sharing: Sharing | None = None
+) -> Any:
     """In the actor, first thing: the secrets into its environment (the engine's child
-    processes inherit it), then the model's metadata when the weights are streamed."""
+    processes inherit it), then the model's metadata when the weights are streamed, and
+    the start of the node's shared pull when the weights are shared."""
     _actor_logging()
     if secret_env is not None:
         secret_env.apply()
-    return local_metadata(model, **kw) if stream else model
+    if not stream or not looks_like_uri(model):
+        return model
+    report = fetch_metadata_report(model)
+    if sharing is not None and sharing.mode == "node" and sharing.node_can_host_an_engine():
+        # The earliest point of the job on this node: the pull overlaps actor start-up and
+        # engine initialisation. Best effort: the engine acquires (and reports) itself.
+        weights = NodeWeights(
+            parse_model_uri(report.uri),
+            report.weight_objects,
+            dataclasses.replace(sharing, required=False),
+        )
+        if weights.acquire() is not None:
+            _prefetched.append(weights)
+    return str(report.path)
 
 
 KV_CACHE_SHARE = 0.2  # of the memory available when the engine starts
@@ -124,9 +146,10 @@ class StreamingChatTemplateUDF(ChatTemplateUDF):
         *,
         secret_env: SecretEnv | None = None,
         stream: bool = True,
+        sharing: Sharing | None = None,
         **kwargs: Any,
     ):
-        model = _prepare(secret_env, stream, model)
+        model = _prepare(secret_env, stream, model, sharing)
         super().__init__(data_column, expected_input_keys, model=model, **kwargs)
 
 
@@ -139,9 +162,10 @@ class StreamingTokenizeUDF(TokenizeUDF):
         *,
         secret_env: SecretEnv | None = None,
         stream: bool = True,
+        sharing: Sharing | None = None,
         **kwargs: Any,
     ):
-        model = _prepare(secret_env, stream, model)
+        model = _prepare(secret_env, stream, model, sharing)
         super().__init__(data_column, expected_input_keys, model=model, **kwargs)
 
 
@@ -154,9 +178,10 @@ class StreamingDetokenizeUDF(DetokenizeUDF):
         *,
         secret_env: SecretEnv | None = None,
         stream: bool = True,
+        sharing: Sharing | None = None,
         **kwargs: Any,
     ):
-        model = _prepare(secret_env, stream, model)
+        model = _prepare(secret_env, stream, model, sharing)
         super().__init__(data_column, expected_input_keys, model=model, **kwargs)
 
 
@@ -169,11 +194,12 @@ class StreamingPrepareMultimodalUDF(PrepareMultimodalUDF):
         *,
         secret_env: SecretEnv | None = None,
         stream: bool = True,
+        sharing: Sharing | None = None,
         **kwargs: Any,
     ):
         model_config_kwargs = dict(model_config_kwargs)
         model_config_kwargs["model"] = _prepare(
-            secret_env, stream, model_config_kwargs.get("model")
+            secret_env, stream, model_config_kwargs.get("model"), sharing
         )
         super().__init__(data_column, expected_input_keys, model_config_kwargs, **kwargs)
 
@@ -192,12 +218,16 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         stream: bool = True,
         load_retries: int = 0,
         load_retry_backoff_s: float = 0.0,
+        sharing: Sharing | None = None,
         **kwargs: Any,
     ):
         self._started = time.time() - 1.0  # file mtimes are coarser than time.time()
         begin = time.perf_counter()
         uri_text = model
         fetched: FetchReport | None = None
+        region: str | None = None
+        shared = "off"
+        self._node_weights: NodeWeights | None = None
         _prepare(secret_env, False, None)  # logging and secrets; the fetch is next
         engine_kwargs = cpu_kv_cache_default(engine_kwargs)
         if stream:
@@ -206,11 +236,17 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
             engine_kwargs = dict(engine_kwargs)
             engine_kwargs["model_weights"] = str(uri)  # vLLM then skips its own pull
             engine_kwargs.setdefault("served_model_name", model)
+            region, shared = self._share(uri, fetched, sharing)
+            if region is not None:  # every engine of the node streams the node's one pull
+                engine_kwargs["model_weights"] = region
+                os.environ[REGION_ENV] = region  # the engine's processes wait per file
             if "tokenizer" in engine_kwargs:
                 engine_kwargs["tokenizer"] = local_metadata(engine_kwargs["tokenizer"])
             model = str(fetched.path)
         attempts = 1 + max(0, load_retries)
         for attempt in range(1, attempts + 1):
+            if stream and region is not None and fetched is not None:
+                start_pull(Path(region), parse_model_uri(uri_text), fetched.weight_objects)
             watcher = StreamWatcher(uri_text, progress=progress_enabled())
             try:
                 with watcher:
@@ -247,13 +283,28 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
                     ready_seconds=time.perf_counter() - begin,
                     fetched=fetched,
                     sessions=watcher.sessions,
-                    sizes=fetched.streamable if fetched else {},
+                    sizes=_sizes(fetched, region),
                     job_id=job_id(),
                     node_ip=node_ip(),
                     actor_settings=streamer_settings(),
+                    weight_sharing=shared,
+                    pull=pull_status(region) if region else None,
                 )
             )
             return
+
+    def _share(
+        self, uri: ModelURI, fetched: FetchReport, sharing: Sharing | None
+    ) -> tuple[str | None, str]:
+        """The node's region to stream from, and what the load report says of sharing."""
+        if sharing is None or sharing.mode != "node":
+            return None, "off"
+        self._node_weights = NodeWeights(uri, fetched.weight_objects, sharing)
+        region = self._node_weights.acquire()  # WeightSharingError when required and no fit
+        if region is None:
+            self._node_weights = None
+            return None, "off: not enough memory on this node (see the warning)"
+        return region, "node"
 
     def _release_engine(self) -> None:
         """What a failed start left behind: the engine processes and their shared memory."""
@@ -269,6 +320,19 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         super().__del__()  # shuts the engine down
         if hasattr(self, "_started"):
             remove_orphaned_segments(self._started)
+        weights = getattr(self, "_node_weights", None)
+        if weights is not None:
+            weights.release()  # the last engine of the node removes the region
+
+
+def _sizes(fetched: FetchReport | None, region: str | None) -> dict[str, int]:
+    """Each weight file the engine may stream (its URI, or its path in the node's region)
+    and its size in the store."""
+    if fetched is None:
+        return {}
+    if region is None:
+        return dict(fetched.streamable)
+    return {os.path.join(region, o.path): o.size for o in fetched.weight_objects}
 
 
 def _cause(exc: BaseException, watcher: StreamWatcher) -> str:

@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from typing import Any
 
 REPORT_DIR_ENV = "RAY_STREAM_LLM_LOAD_REPORT_DIR"
+REGION_ENV = "RAY_STREAM_LLM_SHARED_REGION"  # the node's shared pull (node_weights)
 # The streamer's tuning, as the streaming process sees it (vLLM applies its
 # model_loader_extra_config to this process's environment before it streams).
 STREAMER_SETTINGS = {
@@ -63,18 +64,30 @@ def _measured(base: type) -> type:
 
         def stream_files(self, paths: list[str], *args: Any, **kwargs: Any) -> None:
             begin = time.time()
-            super().stream_files(paths, *args, **kwargs)
+            region = os.environ.get(REGION_ENV)
+            shared = bool(region) and all(
+                os.path.dirname(os.path.abspath(p)) == region for p in paths
+            )
+            if shared:  # the node's shared pull: stream file by file as each completes
+                self._rsl_pending: tuple[list[str], Any, Any] | None = (list(paths), args, kwargs)
+                planned = sum(os.path.getsize(p) for p in paths)
+            else:
+                self._rsl_pending = None
+                super().stream_files(paths, *args, **kwargs)
+                planned = int(self.total_size)
             self._rsl: dict[str, Any] = {
                 "path": os.path.join(
                     os.environ[REPORT_DIR_ENV], f"{os.getpid()}-{next(_sessions)}.json"
                 ),
                 "pid": os.getpid(),
                 "files": [str(p) for p in paths],
-                "planned_bytes": int(self.total_size),
+                "planned_bytes": planned,
                 "delivered_bytes": 0,
                 "tensors": 0,
                 "started": begin,
                 "seconds": 0.0,
+                "waited": 0.0,
+                "shared": shared,
                 "settings": streamer_settings(),
                 "done": False,
             }
@@ -97,15 +110,32 @@ def _measured(base: type) -> type:
 
         def get_tensors(self) -> Iterator[tuple[str, Any]]:
             state = getattr(self, "_rsl", None)
-            for name, tensor in super().get_tensors():
+            pending = getattr(self, "_rsl_pending", None)
+            if pending is not None:
+                from ray_stream_llm.integrations.node_weights import wait_for
+
+                paths, args, kwargs = pending
+                for path in paths:
+                    waited = wait_for(path)
+                    if state is not None:
+                        state["waited"] += waited
+                    super().stream_files([path], *args, **kwargs)
+                    yield from self._rsl_count(super().get_tensors(), state)
+            else:
+                yield from self._rsl_count(super().get_tensors(), state)
+            if state is not None:
+                state["done"] = True
+                self._rsl_flush(force=True)
+
+        def _rsl_count(
+            self, tensors: Iterator[tuple[str, Any]], state: dict[str, Any] | None
+        ) -> Iterator[tuple[str, Any]]:
+            for name, tensor in tensors:
                 if state is not None:
                     state["delivered_bytes"] += tensor.numel() * tensor.element_size()
                     state["tensors"] += 1
                     self._rsl_flush()
                 yield name, tensor
-            if state is not None:
-                state["done"] = True
-                self._rsl_flush(force=True)
 
     return MeasuredSafetensorsStreamer
 

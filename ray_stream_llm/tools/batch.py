@@ -20,7 +20,11 @@ from pathlib import Path
 from typing import Any
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
-QUIET_ENV = {"VLLM_LOGGING_LEVEL": "WARNING", "RAY_STREAM_LLM_PROGRESS": "0"}
+QUIET_ENV = {
+    "VLLM_LOGGING_LEVEL": "WARNING",
+    "RAY_STREAM_LLM_PROGRESS": "0",
+    "RAY_DATA_LOG_LEVEL": "WARNING",
+}
 
 
 class InputError(ValueError):
@@ -104,6 +108,8 @@ def run_batch(
         load_reports,
         typed_errors,
     )
+    from ray_stream_llm.preflight import preflight
+
     config = StreamingvLLMEngineProcessorConfig(
         model_source=model_uri,
         engine_kwargs={"load_format": "runai_streamer", **engine_kwargs},
@@ -125,15 +131,13 @@ def run_batch(
             "num_input_tokens": int(row.get("num_input_tokens") or 0),
         }
 
-    # Built before Ray starts: the preflight answers a wrong model in seconds, no Ray output.
-    processor = build_llm_processor(config, preprocess=preprocess, postprocess=postprocess)
+    # Before Ray starts: the preflight answers a wrong model in seconds, with no Ray output.
+    checked = preflight(config)
     import pyarrow as pa
     import pyarrow.parquet as pq
     import ray
 
-    from ray_stream_llm.integrations.builder import MAP_NUM_CPUS  # the processor's map default
-
-    if not ray.is_initialized():
+    if not ray.is_initialized():  # quiet, before Ray's builder would start it
         for key, value in () if verbose else QUIET_ENV.items():
             os.environ.setdefault(key, value)
         ray.init(
@@ -142,8 +146,18 @@ def run_batch(
             log_to_driver=verbose,
             runtime_env={"env_vars": {k: os.environ[k] for k in QUIET_ENV if k in os.environ}},
         )
+    processor = build_llm_processor(
+        config,
+        preprocess=preprocess,
+        postprocess=postprocess,
+        builder_kwargs={"checked_metadata_dir": checked},
+    )
+    from ray_stream_llm.integrations.builder import MAP_NUM_CPUS  # the processor's map default
+
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = verbose  # ours is the one display when quiet
+    if not verbose:
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
     readers = {".parquet": ray.data.read_parquet, ".csv": ray.data.read_csv}
     reader = readers.get(input_path.suffix.lower(), ray.data.read_json)
     # A read task reserves a whole CPU by default; beside the engine and the CPU stages a

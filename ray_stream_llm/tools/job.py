@@ -80,9 +80,8 @@ def run_job(
         model_source=model_uri,
         engine_kwargs=kwargs,
         batch_size=batch_size,
-        concurrency=1,
         object_store=object_store,
-        **(config_kwargs or {}),
+        **{"concurrency": 1, **(config_kwargs or {})},
     )
     processor = build_llm_processor(
         config,

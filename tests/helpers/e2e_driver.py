@@ -52,7 +52,7 @@ def main() -> None:
                 load_format=spec["load_format"],
                 max_tokens=spec.get("max_tokens", 24),
                 ray_temp_dir=spec["ray_temp_dir"],
-                num_cpus=2,
+                num_cpus=spec.get("num_cpus") or 2,
                 object_store=store,
                 engine_kwargs=spec.get("engine_kwargs"),
                 config_kwargs=spec.get("config") or {},

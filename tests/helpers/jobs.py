@@ -46,6 +46,7 @@ def run_isolated(
     object_store: dict | None = None,
     config: dict | None = None,
     engine_kwargs: dict | None = None,
+    num_cpus: int | None = None,
     expect_failure: bool = False,
     metrics_port: int | None = None,
 ) -> tuple[dict, dict[str, int], float]:
@@ -65,6 +66,7 @@ def run_isolated(
         "object_store": object_store,
         "config": config or {},
         "engine_kwargs": engine_kwargs,
+        "num_cpus": num_cpus,
         "metrics_port": metrics_port,
     }
     (work / "spec.json").write_text(json.dumps(spec))

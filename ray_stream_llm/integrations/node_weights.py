@@ -1,0 +1,425 @@
+"""One pull of the weights per node, shared by every engine on it.
+
+A *region* is a directory under a memory-backed base (``/dev/shm/ray_stream_llm`` by
+default) named for the model's URI, its weight objects (keys, sizes, ETags) and the
+Ray node: ``<base>/<node>/<key>/``. It holds one file per safetensors object, created
+sparse at full size when the region is made (so vLLM's listing finds every name at
+once), a ``.done/<name>`` mark per file whose bytes are all in, ``.refs/`` (one file
+per process using the region), ``.lock`` (the region's lock) and ``.pull.lock`` (held
+by the one process pulling).
+
+The pull: the first stage actor or engine of a node that finds files missing takes
+``.pull.lock`` and reads each object from the store with parallel ranged GETs,
+file by file, writing the ranges in place; a file is marked done when every byte is
+in and its size checked. Engines stream the region's files with the Run:ai streamer
+(local files, memory speed); the vLLM plugin makes each engine wait for shard k's mark
+before it streams shard k, so the first engine streams while the pull goes on. A
+pull that fails writes ``.failed`` (the typed error), which fails every waiting
+engine (the engine's retry policy then pulls again); a puller that dies releases its
+lock, and a waiting engine takes the pull over. Nothing waits forever.
+
+Clean-up is reference counted: each process adds ``.refs/<pid>-<start time>`` and
+removes it when done; the last one removes the region. A process that is killed
+cannot, so the region's creator starts a detached reaper (``python -m
+ray_stream_llm.integrations.node_weights reap <region>``) that removes the region
+once no live process holds a reference, and exits. A region left by a dead job is
+removed by that job's reaper, or reclaimed by the next job that makes the same one.
+
+The locks are ``fcntl`` locks on the local node: regions are per node by design.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ray_stream_llm.errors import RayStreamLLMError, WeightSharingError
+from ray_stream_llm.stores import ObjectInfo, StoreDeadline
+from ray_stream_llm.uri import ModelURI
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BASE = "/dev/shm/ray_stream_llm"
+CHUNK = 8 << 20  # bytes per ranged GET
+WORKERS = 16  # parallel ranged GETs
+MARGIN = 512 << 20  # memory kept free beyond the weights
+PULL_TIMEOUT_S = 3600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Sharing:
+    """What an actor was told: ``mode`` is "node" (share) or "off"; ``required`` when the
+    user asked for sharing explicitly (then a region that cannot fit is an error)."""
+
+    mode: str
+    base: str = DEFAULT_BASE
+    required: bool = False
+    engine_resources: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def node_can_host_an_engine(self) -> bool:
+        """Whether this node has the resources one engine asks for (a CPU-only node of a
+        GPU cluster does not: its stage actors must not pull weights there)."""
+        wanted = {k: v for k, v in self.engine_resources.items() if v}
+        if not wanted:
+            return True
+        import ray
+
+        if not ray.is_initialized():
+            return True
+        try:
+            node = ray.get_runtime_context().get_node_id()
+            [info] = [n for n in ray.nodes() if n.get("NodeID") == node]
+        except Exception:  # not in a Ray worker: assume it can
+            return True
+        return all(info.get("Resources", {}).get(k, 0) >= v for k, v in wanted.items())
+
+
+def _node_id() -> str:
+    import ray
+
+    if not ray.is_initialized():  # not in a Ray process (a test, a tool): never start Ray
+        return "local"
+    return str(ray.get_runtime_context().get_node_id())[:16]
+
+
+def region_for(uri: ModelURI, objects: tuple[ObjectInfo, ...], base: str) -> Path:
+    fingerprint = json.dumps(
+        [str(uri), sorted((o.path, o.size, o.etag) for o in objects)], sort_keys=True
+    )
+    key = hashlib.sha256(fingerprint.encode()).hexdigest()[:16]
+    return Path(base) / _node_id() / key
+
+
+def _proc_start(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _live_refs(region: Path) -> list[Path]:
+    live = []
+    for ref in (region / ".refs").glob("*"):
+        pid, _, start = ref.name.partition("-")
+        if pid.isdigit() and _proc_start(int(pid)) == start:
+            live.append(ref)
+        else:
+            ref.unlink(missing_ok=True)  # its process is gone
+    return live
+
+
+@contextlib.contextmanager
+def _locked(region: Path) -> Iterator[None]:
+    """The region's lock, on the region that exists now (re-made if a reaper removed it)."""
+    while True:
+        (region / ".refs").mkdir(parents=True, exist_ok=True)
+        (region / ".done").mkdir(exist_ok=True)
+        fd = os.open(region / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                same = os.stat(region / ".lock").st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                yield
+                return
+        finally:
+            os.close(fd)  # releases the lock
+
+
+def memory_problem(base: Path, weight_bytes: int) -> str | None:
+    """Why a region of ``weight_bytes`` cannot fit under ``base`` now, or None."""
+    import psutil
+
+    need = weight_bytes + MARGIN
+    probe = base
+    while not probe.exists():
+        probe = probe.parent
+    stat = os.statvfs(probe)
+    free = stat.f_bavail * stat.f_frsize
+    available = psutil.virtual_memory().available
+    if free < need:
+        return f"{probe} has {free / 2**30:.2f} GiB free, the weights need {need / 2**30:.2f} GiB"
+    if available < need:
+        return (
+            f"the node has {available / 2**30:.2f} GiB of memory available, the weights "
+            f"need {need / 2**30:.2f} GiB"
+        )
+    return None
+
+
+def is_memory_backed(path: Path) -> bool:
+    """Whether ``path`` lives on tmpfs or ramfs (read from /proc/mounts)."""
+    best, fstype = "", ""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return False
+    resolved = str(path.resolve())
+    for line in mounts:
+        parts = line.split()
+        under = len(parts) >= 3 and (
+            resolved == parts[1] or resolved.startswith(parts[1].rstrip("/") + "/")
+        )
+        if under and len(parts[1]) > len(best):
+            best, fstype = parts[1], parts[2]
+    return fstype in ("tmpfs", "ramfs")
+
+
+class NodeWeights:
+    """A process's use of one region: :meth:`acquire` it, :meth:`release` it."""
+
+    def __init__(self, uri: ModelURI, objects: tuple[ObjectInfo, ...], sharing: Sharing):
+        self.uri = uri
+        self.objects = objects
+        self.sharing = sharing
+        self.region = region_for(uri, objects, sharing.base)
+        self._ref: Path | None = None
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(o.size for o in self.objects)
+
+    def acquire(self) -> str | None:
+        """Hold a reference to the region (made, with its reaper, if new) and start the
+        pull if no one is pulling; return the region's path, or None with the reason
+        logged when sharing cannot fit (``required``: a WeightSharingError)."""
+        base = Path(self.sharing.base)
+        if self.sharing.base == DEFAULT_BASE and not is_memory_backed(base.parent):
+            self._cannot(f"{base.parent} is not memory-backed (tmpfs)")
+            return None
+        created = False
+        with _locked(self.region):
+            if not (self.region / ".created").exists():
+                problem = memory_problem(base, self.weight_bytes)
+                if problem:
+                    shutil.rmtree(self.region, ignore_errors=True)
+                    self._cannot(problem)
+                    return None
+                for obj in self.objects:
+                    with open(self.region / obj.path, "wb") as f:
+                        f.truncate(obj.size)  # sparse: costs no memory until written
+                (self.region / ".created").write_text(json.dumps({"uri": str(self.uri)}))
+                created = True
+            start = _proc_start(os.getpid())
+            self._ref = self.region / ".refs" / f"{os.getpid()}-{start}"
+            self._ref.touch()
+        if created:
+            _spawn_reaper(self.region)
+        start_pull(self.region, self.uri, self.objects)
+        return str(self.region)
+
+    def _cannot(self, reason: str) -> None:
+        if self.sharing.required:
+            raise WeightSharingError(
+                f"weight_sharing='node' for {str(self.uri)!r}: the weights "
+                f"({self.weight_bytes / 2**30:.2f} GiB) cannot be shared on this node: "
+                f"{reason}; free memory, set weight_sharing_dir to a larger memory-backed "
+                "directory, or weight_sharing='off' to stream each engine from the store"
+            )
+        logger.warning(
+            "Weights of %s not shared on this node (%s): each engine streams from the store",
+            self.uri,
+            reason,
+        )
+
+    def release(self) -> None:
+        """Drop this process's reference; the last one removes the region."""
+        ref, self._ref = self._ref, None
+        if ref is None:
+            return
+        with _locked(self.region):
+            ref.unlink(missing_ok=True)
+            if not _live_refs(self.region) and _pull_free(self.region):
+                shutil.rmtree(self.region, ignore_errors=True)
+                _remove_empty_parents(self.region)
+
+
+def done(region: Path, name: str) -> bool:
+    return (region / ".done" / name).exists()
+
+
+def _pull_free(region: Path) -> bool:
+    """Whether no process is pulling into ``region`` (its pull lock is free)."""
+    try:
+        fd = os.open(region / ".pull.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def start_pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...]) -> bool:
+    """Pull what is missing in a background thread, unless all is there or someone is
+    pulling; True when this process pulls."""
+    if all(done(region, o.path) for o in objects):
+        return False
+    fd = os.open(region / ".pull.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    (region / ".failed").unlink(missing_ok=True)  # a new attempt
+    thread = threading.Thread(
+        target=_pull, args=(region, uri, objects, fd), daemon=True, name="rsl-node-pull"
+    )
+    thread.start()
+    return True
+
+
+def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock_fd: int) -> None:
+    from ray_stream_llm import stores
+
+    started = time.time()
+    pulled = 0
+    try:
+        deadline = StoreDeadline(PULL_TIMEOUT_S)
+        client, _ = stores.list_model(uri, None, deadline)
+        missing = [o for o in objects if not done(region, o.path)]
+        with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
+            for obj in missing:  # file by file, its ranges in parallel
+                path = region / obj.path
+                ranges = [(s, min(s + CHUNK, obj.size) - 1) for s in range(0, obj.size, CHUNK)]
+                fd = os.open(path, os.O_WRONLY)
+                try:
+
+                    def fetch(span: tuple[int, int], obj: ObjectInfo = obj, fd: int = fd) -> int:
+                        data = stores.read(client, uri, obj.path, deadline, span[0], span[1])
+                        if len(data) != span[1] - span[0] + 1:
+                            raise RayStreamLLMError(
+                                f"{obj.path!r} of {str(uri)!r}: got {len(data)} bytes for "
+                                f"bytes {span[0]}-{span[1]}; the object changed or the "
+                                "connection was cut"
+                            )
+                        return os.pwrite(fd, data, span[0])
+
+                    written = sum(pool.map(fetch, ranges))
+                finally:
+                    os.close(fd)
+                if written != obj.size or path.stat().st_size != obj.size:
+                    raise RayStreamLLMError(
+                        f"{obj.path!r} of {str(uri)!r}: {written} bytes pulled, the listing "
+                        f"said {obj.size}"
+                    )
+                (region / ".done" / obj.path).write_text(str(obj.size))
+                pulled += written
+        status = {"started": started, "finished": time.time(), "bytes": pulled, "pid": os.getpid()}
+        (region / ".pull.json").write_text(json.dumps(status))
+        logger.info(
+            "Pulled %d bytes of %s into %s in %.2fs (shared by this node's engines)",
+            pulled,
+            uri,
+            region,
+            time.time() - started,
+        )
+    except Exception as exc:  # every waiting engine fails with it
+        message = f"{type(exc).__name__}: {exc}"
+        try:
+            (region / ".failed").write_text(message)
+        except OSError:
+            pass
+        logger.warning("The shared pull of %s failed: %s", uri, message)
+    finally:
+        os.close(lock_fd)
+
+
+def pull_status(region: str | Path) -> dict[str, Any] | None:
+    try:
+        status: dict[str, Any] = json.loads((Path(region) / ".pull.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return status
+
+
+def wait_for(path: str, timeout: float = PULL_TIMEOUT_S) -> float:
+    """In the engine's process: block until the region file ``path`` is complete; seconds
+    waited. Raises when the pull failed; takes the pull over when its puller died."""
+    region, name = Path(path).parent, Path(path).name
+    begin = time.monotonic()
+    while not done(region, name):
+        failed = region / ".failed"
+        if failed.exists():
+            raise RuntimeError(f"the shared pull of the weights failed: {failed.read_text()}")
+        if time.monotonic() - begin > timeout:
+            raise TimeoutError(f"{path} not complete after {timeout:.0f}s")
+        if _pull_free(region) and not done(region, name):
+            _take_over(region)
+        time.sleep(0.05)
+    return time.monotonic() - begin
+
+
+def _take_over(region: Path) -> None:
+    """The puller died: pull the missing files from this process (the store settings are
+    in its environment)."""
+    from ray_stream_llm.uri import parse_model_uri
+
+    try:
+        meta = json.loads((region / ".created").read_text())
+        objects = tuple(
+            ObjectInfo(path=p.name, key="", size=p.stat().st_size, etag="")
+            for p in sorted(region.glob("*.safetensors"))
+        )
+    except (OSError, ValueError):
+        return
+    if start_pull(region, parse_model_uri(meta["uri"]), objects):
+        logger.warning("The puller of %s is gone: this engine pulls the rest", region)
+
+
+def _spawn_reaper(region: Path) -> None:
+    subprocess.Popen(
+        [sys.executable, "-m", "ray_stream_llm.integrations.node_weights", "reap", str(region)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
+
+
+def reap(region: Path, *, grace: float = 2.0, poll: float = 0.5) -> None:
+    """Remove ``region`` once no live process holds a reference for ``grace`` seconds."""
+    idle_since: float | None = None
+    while region.exists():
+        if _live_refs(region) or not _pull_free(region):
+            idle_since = None
+        elif idle_since is None:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since >= grace:
+            with _locked(region):
+                if not _live_refs(region) and _pull_free(region):
+                    shutil.rmtree(region, ignore_errors=True)
+                    _remove_empty_parents(region)
+            return
+        time.sleep(poll)
+
+
+def _remove_empty_parents(region: Path) -> None:
+    for parent in (region.parent, region.parent.parent):
+        with contextlib.suppress(OSError):
+            parent.rmdir()  # only when empty
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "reap":
+        reap(Path(sys.argv[2]))

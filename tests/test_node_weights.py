@@ -1,0 +1,195 @@
+"""The node's one pull of the weights (issue 12), without Ray: against the real S3 server,
+measured by its access log and the files in the memory-backed region."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from helpers.faultproxy import FaultProxy
+from helpers.s3log import AccessLog, copy_model, prefix_of
+
+from ray_stream_llm.errors import WeightSharingError
+from ray_stream_llm.fetch import fetch_metadata_report
+from ray_stream_llm.integrations import node_weights
+from ray_stream_llm.integrations.node_weights import NodeWeights, Sharing, wait_for
+from ray_stream_llm.stores import ObjectInfo
+from ray_stream_llm.uri import parse_model_uri
+
+pytestmark = [pytest.mark.s3]
+
+
+@pytest.fixture
+def base(tmp_path_factory):
+    """A region base on /dev/shm (memory-backed), private to the test, removed after."""
+    path = Path("/dev/shm") / f"rsl-test-{os.getpid()}-{time.monotonic_ns()}"
+    yield path
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _reapers(region: Path) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if "ray_stream_llm.integrations.node_weights" in cmd and str(region) in cmd:
+            found.append(proc)
+    return found
+
+
+def _wait_gone(region: Path, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while region.exists() or _reapers(region):
+        assert time.monotonic() < deadline, (region.exists(), _reapers(region))
+        time.sleep(0.2)
+
+
+def _weights(s3_server, tiny_models, name):
+    model = copy_model(s3_server, tiny_models["sharded"], name)
+    report = fetch_metadata_report(model.uri)
+    return model, parse_model_uri(model.uri), report.weight_objects
+
+
+def test_one_pull_each_range_once_and_files_equal(s3_server, s3_env, tiny_models, base):
+    model, uri, objects = _weights(s3_server, tiny_models, "share")
+    log = AccessLog(s3_server)
+    weights = NodeWeights(uri, objects, Sharing("node", base=str(base)))
+    region = Path(weights.acquire())
+    for obj in objects:
+        wait_for(str(region / obj.path))
+        assert (region / obj.path).read_bytes() == (model.local / obj.path).read_bytes()
+    prefix = prefix_of(model.uri)
+    gets = log.gets(prefix)
+    # the listing's metadata is not read again; each weight object in ranged GETs of 8 MiB,
+    # each range once: ceil(size / chunk) GETs, no more
+    assert {k: v for k, v in gets.items() if k.endswith(".safetensors")} == {
+        prefix + o.path: math.ceil(o.size / node_weights.CHUNK) for o in objects
+    }
+    assert node_weights.pull_status(region)["bytes"] == sum(o.size for o in objects)
+    assert _reapers(region)  # the detached reaper watches the region
+    weights.release()  # the last reference: the region goes
+    _wait_gone(region)
+    assert not base.exists() or not any(base.rglob("*"))
+
+
+def test_two_processes_share_one_pull(s3_server, s3_env, tiny_models, base):
+    model, uri, objects = _weights(s3_server, tiny_models, "share-two")
+    log = AccessLog(s3_server)
+    code = textwrap.dedent(f"""
+        import sys, time
+        from ray_stream_llm.fetch import fetch_metadata_report
+        from ray_stream_llm.integrations.node_weights import NodeWeights, Sharing, wait_for
+        from ray_stream_llm.uri import parse_model_uri
+        report = fetch_metadata_report({model.uri!r})
+        w = NodeWeights(parse_model_uri(report.uri), report.weight_objects,
+                        Sharing("node", base={str(base)!r}))
+        region = w.acquire()
+        for o in report.weight_objects:
+            wait_for(region + "/" + o.path)
+        print(region, flush=True)
+        sys.stdin.readline()  # hold the reference until told
+        w.release()
+    """)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    regions = {p.stdout.readline().strip() for p in procs}
+    assert len(regions) == 1
+    region = Path(regions.pop())
+    gets = log.gets(prefix_of(model.uri))
+    assert sum(v for k, v in gets.items() if k.endswith(".safetensors")) == sum(
+        math.ceil(o.size / node_weights.CHUNK) for o in objects
+    )  # one pull for both
+    procs[0].communicate("\n", timeout=30)
+    assert region.exists()  # the other process still holds it
+    procs[1].communicate("\n", timeout=30)
+    _wait_gone(region)
+
+
+def test_a_killed_holder_leaves_nothing_behind(s3_server, s3_env, tiny_models, base):
+    model, uri, objects = _weights(s3_server, tiny_models, "share-killed")
+    code = textwrap.dedent(f"""
+        from ray_stream_llm.fetch import fetch_metadata_report
+        from ray_stream_llm.integrations.node_weights import NodeWeights, Sharing
+        from ray_stream_llm.uri import parse_model_uri
+        report = fetch_metadata_report({model.uri!r})
+        w = NodeWeights(parse_model_uri(report.uri), report.weight_objects,
+                        Sharing("node", base={str(base)!r}))
+        print(w.acquire(), flush=True)
+        import time; time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    region = Path(proc.stdout.readline().strip())
+    assert region.exists() and _reapers(region)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    _wait_gone(region)  # the reaper removed the region, then exited
+
+
+def test_a_dead_puller_is_taken_over(s3_server, s3_env, tiny_models, base):
+    """The puller is killed mid-pull (a slow link): the waiting reader takes the pull over
+    and every file completes with the store's bytes."""
+    model, uri, objects = _weights(s3_server, tiny_models, "share-takeover")
+    with FaultProxy(s3_server.port, latency=0.3) as proxy:
+        env = {**os.environ, "AWS_ENDPOINT_URL": proxy.endpoint_url}
+        code = textwrap.dedent(f"""
+            from ray_stream_llm.fetch import fetch_metadata_report
+            from ray_stream_llm.integrations.node_weights import NodeWeights, Sharing
+            from ray_stream_llm.uri import parse_model_uri
+            report = fetch_metadata_report({model.uri!r})
+            w = NodeWeights(parse_model_uri(report.uri), report.weight_objects,
+                            Sharing("node", base={str(base)!r}))
+            print(w.acquire(), flush=True)
+            import time; time.sleep(600)
+        """)
+        puller = subprocess.Popen(
+            [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env
+        )
+        region = Path(puller.stdout.readline().strip())
+        reader = NodeWeights(uri, objects, Sharing("node", base=str(base)))
+        assert reader.acquire() == str(region)
+        os.kill(puller.pid, signal.SIGKILL)  # mid-pull: the link is slow
+        puller.wait()
+        assert not all(node_weights.done(region, o.path) for o in objects)
+    for obj in objects:  # the store directly now (the proxy is gone)
+        wait_for(str(region / obj.path), timeout=120)
+        assert (region / obj.path).read_bytes() == (model.local / obj.path).read_bytes()
+    reader.release()
+    _wait_gone(region)
+
+
+def test_a_failed_pull_fails_every_waiter_with_the_cause(s3_server, s3_env, tiny_models, base):
+    model, uri, objects = _weights(s3_server, tiny_models, "share-failed")
+    s3_server.client().delete_object(Bucket="models", Key=uri.key(objects[0].path))
+    weights = NodeWeights(uri, objects, Sharing("node", base=str(base)))
+    region = Path(weights.acquire())
+    with pytest.raises(RuntimeError, match="the shared pull of the weights failed: ") as err:
+        wait_for(str(region / objects[0].path), timeout=60)
+    assert "ModelNotFoundError" in str(err.value) and objects[0].path in str(err.value)
+    weights.release()
+    _wait_gone(region)
+
+
+def test_sharing_that_cannot_fit_is_refused_by_size_when_asked_for(s3_env, base):
+    huge = (
+        ObjectInfo(path="model.safetensors", key="m/model.safetensors", size=1 << 50, etag="x"),
+    )
+    uri = parse_model_uri("s3://models/huge/")
+    with pytest.raises(WeightSharingError) as err:
+        NodeWeights(uri, huge, Sharing("node", base=str(base), required=True)).acquire()
+    assert "1048576.00 GiB" in str(err.value) and "weight_sharing='off'" in str(err.value)
+    # auto: direct streaming, with the reason logged
+    assert NodeWeights(uri, huge, Sharing("node", base=str(base))).acquire() is None
+    assert not any(base.rglob("*.safetensors"))
