@@ -334,6 +334,15 @@ def demo(workdir: str | None) -> None:
     help="Also write the results (perf_metrics, every run) to this JSON file.",
 )
 @click.option(
+    "--suite",
+    type=click.Choice(["cold-start", "sharing", "all"]),
+    default="cold-start",
+    show_default=True,
+    help="cold-start: streamed vs downloaded, streamer vs ceiling, metadata fetch; sharing: "
+    "plain streaming, Ray's download path and node sharing with 1 and 2 engines behind a "
+    "100 MiB/s link.",
+)
+@click.option(
     "--layers",
     type=click.IntRange(min=1),
     default=None,
@@ -341,9 +350,12 @@ def demo(workdir: str | None) -> None:
     help="Decoder layers of the generated model (default 14: about 1 GiB); for smoke tests.",
 )
 @_one_line_errors
-def bench(repeat: int, workdir: str | None, json_path: str | None, layers: int | None) -> None:
+def bench(
+    repeat: int, workdir: str | None, json_path: str | None, suite: str, layers: int | None
+) -> None:
     """Benchmark on this machine: cold start streamed vs downloaded, streaming vs the store's
-    ceiling, metadata fetch of 1/10/100-shard models; prints a table.
+    ceiling, metadata fetch of 1/10/100-shard models (--suite cold-start); node sharing
+    with 1 and 2 engines behind a capped link (--suite sharing); prints a table.
 
     Uses a local S3 server and a generated random-weight model of about 1 GiB
     (cached). Takes a few minutes per run on 2 CPUs.
@@ -361,8 +373,13 @@ def bench(repeat: int, workdir: str | None, json_path: str | None, layers: int |
 
     root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="rsl-bench-", dir="/tmp"))
     try:
+        suites = ("cold-start", "sharing") if suite == "all" else (suite,)
         result = run_cpu_benchmarks(
-            root, repeat=repeat, layers=layers, progress=lambda m: click.echo(m, err=True)
+            root,
+            repeat=repeat,
+            layers=layers,
+            progress=lambda m: click.echo(m, err=True),
+            suites=suites,
         )
     finally:
         if workdir is None:

@@ -59,6 +59,7 @@ class LoadReport:
     weight_sharing: str = "off"  # "node": streamed from the node's one pull; "off[: why]"
     weight_wait_seconds: float | None = None  # waiting for the node's pull, while streaming
     pull_hidden_seconds: float | None = None  # of the node's pull, before this engine streamed
+    pull_bytes: int | None = None  # what the node's one pull read from the store
 
     @property
     def gib_per_s(self) -> float | None:
@@ -166,6 +167,7 @@ def build_report(
         weight_sharing=weight_sharing,
         weight_wait_seconds=waited,
         pull_hidden_seconds=hidden,
+        pull_bytes=int(pull["bytes"]) if pull is not None else None,
         **stream_figures(sessions, sizes),
     )
 

@@ -39,7 +39,6 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -48,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_stream_llm.errors import RayStreamLLMError, WeightSharingError
+from ray_stream_llm.integrations.shm import detach
 from ray_stream_llm.stores import ObjectInfo, StoreDeadline
 from ray_stream_llm.uri import ModelURI
 
@@ -387,14 +387,7 @@ def _take_over(region: Path) -> None:
 
 
 def _spawn_reaper(region: Path) -> None:
-    subprocess.Popen(
-        [sys.executable, "-m", "ray_stream_llm.integrations.node_weights", "reap", str(region)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        close_fds=True,
-    )
+    detach([sys.executable, "-m", "ray_stream_llm.integrations.node_weights", "reap", str(region)])
 
 
 def reap(region: Path, *, grace: float = 2.0, poll: float = 0.5) -> None:

@@ -83,3 +83,39 @@ def _newer(path: Path, since: float) -> bool:
         return path.stat().st_mtime >= since
     except FileNotFoundError:
         return False
+
+
+def detach(argv: list[str]) -> None:
+    """Start ``argv`` as an orphan in a session of its own (the shell that starts it exits
+    at once): Ray kills a worker's child processes when the worker exits, and the point of
+    these processes is to outlive the actor that started them."""
+    import shlex
+    import subprocess
+
+    command = " ".join(shlex.quote(a) for a in argv)
+    subprocess.run(
+        ["/bin/sh", "-c", f"setsid {command} </dev/null >/dev/null 2>&1 &"],
+        check=True,
+        close_fds=True,
+    )
+
+
+def spawn_janitor(pid: int, since: float) -> None:
+    """A detached process that, once ``pid`` (an engine actor) has exited however it ended,
+    removes the orphaned segments created since ``since``, then exits. An actor that Ray
+    kills at shutdown runs no ``__del__``; the janitor still cleans up after it."""
+    import sys
+
+    detach([sys.executable, "-m", "ray_stream_llm.integrations.shm", str(pid), repr(since)])
+
+
+def _watch(pid: int, since: float, poll: float = 0.5) -> None:
+    while Path(f"/proc/{pid}").exists():
+        time.sleep(poll)
+    remove_orphaned_segments(since, wait=5.0)
+
+
+if __name__ == "__main__":
+    import sys
+
+    _watch(int(sys.argv[1]), float(sys.argv[2]))

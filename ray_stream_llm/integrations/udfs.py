@@ -26,7 +26,7 @@ from ray_stream_llm.integrations.compat import (
 )
 from ray_stream_llm.integrations.node_weights import NodeWeights, Sharing, pull_status, start_pull
 from ray_stream_llm.integrations.progress import progress_enabled
-from ray_stream_llm.integrations.shm import remove_orphaned_segments
+from ray_stream_llm.integrations.shm import remove_orphaned_segments, spawn_janitor
 from ray_stream_llm.integrations.stream_watch import StreamWatcher, from_streamer, root_cause
 from ray_stream_llm.integrations.telemetry import job_id, node_ip, publish, store_failure
 from ray_stream_llm.integrations.vllm_plugin import REGION_ENV, streamer_settings
@@ -222,6 +222,7 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         **kwargs: Any,
     ):
         self._started = time.time() - 1.0  # file mtimes are coarser than time.time()
+        spawn_janitor(os.getpid(), self._started)  # vLLM's shared memory, however we end
         begin = time.perf_counter()
         uri_text = model
         fetched: FetchReport | None = None

@@ -31,6 +31,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import platform
 import shutil
@@ -263,6 +264,7 @@ def _job_main(spec_path: str, out_path: str) -> None:
         num_cpus=spec.get("num_cpus"),
         engine_kwargs=spec.get("engine_kwargs"),
         sampling=spec.get("sampling"),
+        config_kwargs=spec.get("config"),
     )
     import ray
 
@@ -504,7 +506,21 @@ def _figures(run: dict[str, Any]) -> list[tuple[str, float, str, str]]:
         ]
     for label, figures in run.get("metadata", {}).items():
         rows.append((f"metadata.{label}.seconds", figures["seconds"], "s", "LATENCY"))
+    for key, result in run.get("sharing", {}).items():  # tools/bench_sharing.py
+        for name, unit, kind in SHARING_FIGURES:
+            value = result[name]
+            if not (isinstance(value, float) and math.isnan(value)):  # NaN: not measured
+                rows.append((f"sharing.{key}.{name}", float(value), unit, kind))
     return rows
+
+
+SHARING_FIGURES = (
+    ("store_bytes", "B", "THROUGHPUT"),
+    ("slowest_ready_seconds", "s", "LATENCY"),
+    ("slowest_weight_seconds", "s", "LATENCY"),
+    ("first_row_seconds", "s", "LATENCY"),
+    ("disk_bytes_written", "B", "THROUGHPUT"),
+)
 
 
 def environment(store: BenchStore | None = None) -> dict[str, Any]:
@@ -542,6 +558,7 @@ class BenchStore:
     model_bytes: int
     model_shards: int
     metadata_uris: dict[str, str]
+    port: int | None = None  # the local server's S3 port (the node-sharing link proxies it)
 
 
 @contextlib.contextmanager
@@ -580,6 +597,7 @@ def local_bench_store(
                 model_bytes=weights,
                 model_shards=shards,
                 metadata_uris=uris,
+                port=server.port,
             )
 
 
@@ -591,19 +609,30 @@ def run_all(
     num_cpus: int | None = None,
     engine_kwargs: dict[str, Any] | None = None,
     progress: Callable[[str], None] = print,
+    suites: Sequence[str] = ("cold-start",),
 ) -> BenchResult:
-    """The three benchmarks ``repeat`` times against ``store``."""
+    """The benchmarks of ``suites`` ("cold-start": cold start, throughput and metadata
+    fetch; "sharing": node sharing, tools/bench_sharing.py) ``repeat`` times."""
     runs = []
     for k in range(1, repeat + 1):
-        progress(f"Run {k}/{repeat}: cold start (streamed, then downloaded) ...")
-        run: dict[str, Any] = {
-            "cold_start": cold_start(
+        run: dict[str, Any] = {}
+        if "cold-start" in suites:
+            progress(f"Run {k}/{repeat}: cold start (streamed, then downloaded) ...")
+            run["cold_start"] = cold_start(
                 store.model_uri, store.env, workdir, num_cpus=num_cpus, engine_kwargs=engine_kwargs
             )
-        }
-        progress(f"Run {k}/{repeat}: throughput and metadata fetch ...")
-        run["throughput"] = throughput(store.model_uri)
-        run["metadata"] = metadata_fetch(store.metadata_uris, workdir)
+            progress(f"Run {k}/{repeat}: throughput and metadata fetch ...")
+            run["throughput"] = throughput(store.model_uri)
+            run["metadata"] = metadata_fetch(store.metadata_uris, workdir)
+        if "sharing" in suites:
+            from ray_stream_llm.tools.bench_sharing import node_sharing
+
+            if store.port is None:
+                raise ValueError("the node-sharing benchmark needs the local store's port")
+            progress(f"Run {k}/{repeat}: node sharing (1 and 2 engines, capped link) ...")
+            run["sharing"] = node_sharing(
+                store.model_uri, store.env, store.port, workdir / f"run-{k}", progress=progress
+            )
         runs.append(run)
     return BenchResult(runs=runs, environment=environment(store))
 
@@ -614,10 +643,13 @@ def run_cpu_benchmarks(
     repeat: int = 3,
     layers: int | None = None,
     progress: Callable[[str], None] = print,
+    suites: Sequence[str] = ("cold-start",),
 ) -> BenchResult:
     """The scaled-down variant (``ray-stream-llm bench``): this machine, a local server."""
     with local_bench_store(workdir, layers=layers, progress=progress) as store:
-        return run_all(store, workdir, repeat=repeat, num_cpus=os.cpu_count(), progress=progress)
+        return run_all(
+            store, workdir, repeat=repeat, num_cpus=os.cpu_count(), progress=progress, suites=suites
+        )
 
 
 # --- thresholds and the table -----------------------------------------------------------
@@ -628,6 +660,18 @@ THRESHOLDS = {
     "RSL_BENCH_MIN_THROUGHPUT_RATIO": ("throughput.ratio", "min", None),
     "RSL_BENCH_MAX_METADATA_SECONDS": ("metadata.max_seconds", "max", 30.0),
     "RSL_BENCH_MIN_COLD_START_SPEEDUP": ("cold_start.speedup", "min", None),
+    # node sharing: 2 engines share one pull (the store serves 1.0x, plain streaming 2.0x)
+    "RSL_BENCH_MAX_SHARED_STORE_X": ("sharing.shared.2.store_bytes_x_model", "max", 1.1),
+    "RSL_BENCH_MAX_SHARED_WEIGHT_RATIO_2": (
+        "sharing.2.weight_seconds_shared_over_streamed",
+        "max",
+        0.6,
+    ),
+    "RSL_BENCH_MAX_SHARED_WEIGHT_RATIO_1": (
+        "sharing.1.weight_seconds_shared_over_streamed",
+        "max",
+        1.05,
+    ),
 }
 
 
@@ -649,6 +693,11 @@ def check_thresholds(result: BenchResult, environ: dict[str, str] | None = None)
     metadata = [v for k, v in series.items() if k.startswith("metadata.")]
     if metadata:
         derived["metadata.max_seconds"] = max(metadata)
+    model_bytes = result.environment.get("model", {}).get("bytes")
+    if model_bytes:
+        from ray_stream_llm.tools.bench_sharing import ratios
+
+        derived.update(ratios(series, model_bytes))
     failures = []
     for var, (metric, kind, default) in THRESHOLDS.items():
         limit = float(environ[var]) if environ.get(var) else default
