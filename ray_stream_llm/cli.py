@@ -334,6 +334,13 @@ def demo(workdir: str | None) -> None:
     help="Also write the results (perf_metrics, every run) to this JSON file.",
 )
 @click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also draw where the seconds of each path's cold start go into this PNG file.",
+)
+@click.option(
     "--suite",
     type=click.Choice(["cold-start", "sharing", "all"]),
     default="cold-start",
@@ -351,7 +358,12 @@ def demo(workdir: str | None) -> None:
 )
 @_one_line_errors
 def bench(
-    repeat: int, workdir: str | None, json_path: str | None, suite: str, layers: int | None
+    repeat: int,
+    workdir: str | None,
+    json_path: str | None,
+    plot_path: str | None,
+    suite: str,
+    layers: int | None,
 ) -> None:
     """Benchmark on this machine: cold start streamed vs downloaded, streaming vs the store's
     ceiling, metadata fetch of 1/10/100-shard models (--suite cold-start); node sharing
@@ -387,6 +399,10 @@ def bench(
     click.echo(format_table(result))
     if json_path:
         click.echo(f"results: {write_json(result, json_path)}")
+    if plot_path:
+        from ray_stream_llm.tools.plot import plot
+
+        click.echo(f"plot: {plot(result.runs, plot_path)}")
     failures = check_thresholds(result)
     if failures:
         raise click.ClickException("thresholds missed: " + "; ".join(failures))

@@ -193,3 +193,76 @@ def test_sharing_that_cannot_fit_is_refused_by_size_when_asked_for(s3_env, base)
     # auto: direct streaming, with the reason logged
     assert NodeWeights(uri, huge, Sharing("node", base=str(base))).acquire() is None
     assert not any(base.rglob("*.safetensors"))
+
+
+@pytest.mark.e2e
+def test_two_ray_nodes_pull_once_each_and_clean_up(
+    s3_server, s3_env, tiny_models, base, work, monkeypatch
+):
+    """Two Ray nodes on this machine (ray.cluster_utils.Cluster), two actors on each using
+    the shared weights: the store serves the weights once per node, each node's region
+    holds the store's bytes, and every region is removed when its actors are done. (The
+    actors call the node-sharing code directly; the vLLM engines are covered on one node
+    by tests/test_sharing.py.)"""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    model, uri, objects = _weights(s3_server, tiny_models, "share-nodes")
+    monkeypatch.setenv("RAY_TMPDIR", str(work))  # the clusters' sessions live here, not /tmp/ray
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 2,
+            "resources": {"node_a": 4},
+            "include_dashboard": False,
+        },
+    )
+    cluster.add_node(num_cpus=2, resources={"node_b": 4})
+    log = AccessLog(s3_server)
+    try:
+        ray.init(address=cluster.address, runtime_env={"env_vars": dict(s3_env)})
+
+        @ray.remote(num_cpus=0.1)
+        class User:
+            def __init__(self, uri_text, base_dir):
+                from ray_stream_llm.fetch import fetch_metadata_report
+                from ray_stream_llm.integrations.node_weights import NodeWeights, Sharing, wait_for
+                from ray_stream_llm.uri import parse_model_uri
+
+                report = fetch_metadata_report(uri_text)
+                self.weights = NodeWeights(
+                    parse_model_uri(report.uri),
+                    report.weight_objects,
+                    Sharing("node", base=base_dir),
+                )
+                self.region = self.weights.acquire()
+                for o in report.weight_objects:
+                    wait_for(f"{self.region}/{o.path}")
+
+            def where(self):
+                return self.region, ray.get_runtime_context().get_node_id()
+
+            def done(self):
+                self.weights.release()
+
+        users = [
+            User.options(resources={node: 1}).remote(model.uri, str(base))
+            for node in ("node_a", "node_a", "node_b", "node_b")
+        ]
+        where = ray.get([u.where.remote() for u in users])
+        regions = {region for region, _ in where}
+        assert len(regions) == 2 and len({node for _, node in where}) == 2  # one per node
+        for region in regions:
+            for o in objects:
+                assert (Path(region) / o.path).read_bytes() == (model.local / o.path).read_bytes()
+        gets = log.gets(prefix_of(model.uri))
+        assert {k: v for k, v in gets.items() if k.endswith(".safetensors")} == {
+            prefix_of(model.uri) + o.path: 2 * math.ceil(o.size / node_weights.CHUNK)
+            for o in objects
+        }  # once per node
+        ray.get([u.done.remote() for u in users])
+        for region in regions:
+            _wait_gone(Path(region))
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

@@ -4,7 +4,7 @@ A *region* is a directory under a memory-backed base (``/dev/shm/ray_stream_llm`
 default) named for the model's URI, its weight objects (keys, sizes, ETags) and the
 Ray node: ``<base>/<node>/<key>/``. It holds one file per safetensors object, created
 sparse at full size when the region is made (so vLLM's listing finds every name at
-once), a ``.done/<name>`` mark per file whose bytes are all in, ``.refs/`` (one file
+once), a ``.done/<name>.ok`` mark per file whose bytes are all in, ``.refs/`` (one file
 per process using the region), ``.lock`` (the region's lock) and ``.pull.lock`` (held
 by the one process pulling).
 
@@ -250,8 +250,12 @@ class NodeWeights:
                 _remove_empty_parents(self.region)
 
 
+def _mark(region: Path, name: str) -> Path:
+    return region / ".done" / f"{name}.ok"
+
+
 def done(region: Path, name: str) -> bool:
-    return (region / ".done" / name).exists()
+    return _mark(region, name).exists()
 
 
 def _pull_free(region: Path) -> bool:
@@ -322,7 +326,7 @@ def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock_fd:
                         f"{obj.path!r} of {str(uri)!r}: {written} bytes pulled, the listing "
                         f"said {obj.size}"
                     )
-                (region / ".done" / obj.path).write_text(str(obj.size))
+                _mark(region, obj.path).write_text(str(obj.size))
                 pulled += written
         status = {"started": started, "finished": time.time(), "bytes": pulled, "pid": os.getpid()}
         (region / ".pull.json").write_text(json.dumps(status))

@@ -330,6 +330,8 @@ def cold_start(
             "rows": out["rows"],
             "generated_tokens": out["generated_tokens"],
             "stream_gib_per_s": report.get("gib_per_s") or float("nan"),
+            "metadata_seconds": report.get("metadata_seconds", float("nan")),
+            "weight_seconds": report.get("stream_seconds") or float("nan"),
         }
     return results
 

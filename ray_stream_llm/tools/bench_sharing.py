@@ -87,6 +87,8 @@ def node_sharing(
                 "slowest_ready_seconds": max(r["ready_seconds"] for r in reports),
                 "slowest_weight_seconds": max(weights) if weights else math.nan,
                 "weight_seconds": weights,  # each engine's
+                "build_seconds": out["build_seconds"],
+                "metadata_seconds": max(r["metadata_seconds"] for r in reports),
                 "first_row_seconds": out["first_row_seconds"],
                 "total_seconds": out["total_seconds"],
                 "disk_bytes_written": out["disk_bytes_written"],
