@@ -28,7 +28,12 @@ def run():
     rate = float(os.environ.get("RSL_RELEASE_LINK_BYTES_PER_S", bench_sharing.DEFAULT_RATE))
     with bench_store() as (store, workdir):
         figures = bench_sharing.node_sharing(
-            store.model_uri, store.env, store.port, workdir, rate=rate, engines=(1, engines),
+            store.model_uri,
+            store.env,
+            store.port,
+            workdir,
+            rate=rate,
+            engines=(1, engines),
             num_cpus=max(os.cpu_count() or 2, 2 * engines),
         )
         result = finish("node_sharing", store, [{"sharing": figures}])
