@@ -34,28 +34,18 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalS3Serve
 
 @pytest.fixture(scope="session")
 def tiny_models(
-    s3_server: LocalS3Server, tmp_path_factory: pytest.TempPathFactory
+    s3_server: LocalS3Server, tiny_layout: Callable[[str], Path]
 ) -> dict[str, UploadedModel]:
-    """Each layout of tests/models.py, built once and uploaded to s3://models/tiny/<name>/."""
-    root = tmp_path_factory.mktemp("tiny-models")
-    uploaded = {}
-    for name in LAYOUTS:
-        local = build_layout(name, root / name)
-        uri = f"s3://{MODELS_BUCKET}/tiny/{name}/"
-        s3_server.upload_dir(local, uri)
-        uploaded[name] = UploadedModel(
-            name=name,
-            uri=uri,
-            local=local,
-            metadata=metadata_files(local),
-            weights=weight_files(local),
-        )
-    return uploaded
+    """Each layout of tests/helpers/models.py, built once and uploaded to
+    s3://models/tiny/<name>/."""
+    from helpers.emulators import upload_layouts
+
+    return upload_layouts(s3_server, f"s3://{MODELS_BUCKET}/tiny/", LAYOUTS, tiny_layout)
 
 
 @pytest.fixture(scope="session")
 def tiny_layout(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """``tiny_layout(name)``: the local directory of a layout of tests/models.py, built once
+    """``tiny_layout(name)``: the local directory of a layout of tests/helpers/models.py, built once
     per session on first request (for the stores other than the S3 server)."""
     root = tmp_path_factory.mktemp("layouts")
     built: dict[str, Path] = {}

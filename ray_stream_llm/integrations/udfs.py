@@ -137,9 +137,12 @@ def cpu_kv_cache_default(engine_kwargs: dict[str, Any]) -> dict[str, Any]:
     return {**engine_kwargs, "kv_cache_memory_bytes": size}
 
 
-class StreamingChatTemplateUDF(ChatTemplateUDF):
+def _metadata_stage(base: type[Any]) -> type[Any]:
+    """``base`` (a tokenizer-side stage UDF of Ray's) that first fetches the model's metadata
+    on its node and starts the node's shared pull; Ray's UDF gets the local directory."""
+
     def __init__(
-        self,
+        self: Any,
         data_column: str,
         expected_input_keys: list[str],
         model: str,
@@ -148,41 +151,18 @@ class StreamingChatTemplateUDF(ChatTemplateUDF):
         stream: bool = True,
         sharing: Sharing | None = None,
         **kwargs: Any,
-    ):
+    ) -> None:
         model = _prepare(secret_env, stream, model, sharing)
-        super().__init__(data_column, expected_input_keys, model=model, **kwargs)
+        base.__init__(self, data_column, expected_input_keys, model=model, **kwargs)
+
+    name = f"Streaming{base.__name__}"
+    # a module attribute of this name, so that Ray pickles the class by reference
+    return type(name, (base,), {"__init__": __init__, "__module__": __name__, "__qualname__": name})
 
 
-class StreamingTokenizeUDF(TokenizeUDF):
-    def __init__(
-        self,
-        data_column: str,
-        expected_input_keys: list[str],
-        model: str,
-        *,
-        secret_env: SecretEnv | None = None,
-        stream: bool = True,
-        sharing: Sharing | None = None,
-        **kwargs: Any,
-    ):
-        model = _prepare(secret_env, stream, model, sharing)
-        super().__init__(data_column, expected_input_keys, model=model, **kwargs)
-
-
-class StreamingDetokenizeUDF(DetokenizeUDF):
-    def __init__(
-        self,
-        data_column: str,
-        expected_input_keys: list[str],
-        model: str,
-        *,
-        secret_env: SecretEnv | None = None,
-        stream: bool = True,
-        sharing: Sharing | None = None,
-        **kwargs: Any,
-    ):
-        model = _prepare(secret_env, stream, model, sharing)
-        super().__init__(data_column, expected_input_keys, model=model, **kwargs)
+StreamingChatTemplateUDF = _metadata_stage(ChatTemplateUDF)
+StreamingTokenizeUDF = _metadata_stage(TokenizeUDF)
+StreamingDetokenizeUDF = _metadata_stage(DetokenizeUDF)
 
 
 class StreamingPrepareMultimodalUDF(PrepareMultimodalUDF):

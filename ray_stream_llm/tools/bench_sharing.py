@@ -68,6 +68,7 @@ def node_sharing(
             )
             spec = _spec(model_uri, path, n, max(num_cpus, 2 * n))
             work = workdir / f"sharing-{path}-{n}"
+            work.mkdir(parents=True, exist_ok=True)
             if store_port is None:  # a real store and link: the bytes from the load reports
                 out = run_isolated_job(work, spec, store_env)
                 served = _reported_bytes(out["load_reports"])

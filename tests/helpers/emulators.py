@@ -24,7 +24,7 @@ from pathlib import Path
 from helpers.models import UploadedModel, metadata_files, weight_files
 from ray_stream_llm import fetch_model_metadata, inspect_model
 from ray_stream_llm.stores.settings import ObjectStoreConfig
-from ray_stream_llm.tools.localstore import _free_ports
+from ray_stream_llm.tools.localstore import LocalS3Server, _free_ports
 
 # time=... level=INFO msg="127.0.0.1 - - [date] \"GET /path?query HTTP/1.1\" 200 379\n"
 _ACCESS = re.compile(r'\\"(?P<method>[A-Z]+) (?P<target>\S+) HTTP/[\d.]+\\" (?P<status>\d+)')
@@ -370,7 +370,7 @@ def trusting(cert: Path, workdir: Path) -> list[str] | None:
 
 
 def upload_layouts(
-    emulator: GCSEmulator | Azurite,
+    emulator: GCSEmulator | Azurite | LocalS3Server,
     root_uri: str,
     names: tuple[str, ...],
     tiny_layout: Callable[[str], Path],
