@@ -65,7 +65,7 @@ typecheck: setup
 	$(VENV)/bin/mypy
 
 bench: setup
-	$(VENV)/bin/ray-stream-llm bench
+	$(VENV)/bin/ray-stream-llm bench --suite all --plot docs/bench-cold-start.png
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

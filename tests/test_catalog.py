@@ -526,6 +526,7 @@ def test_bad_input_fails_fast_on_the_driver(
     assert s3_server.secret_access_key not in message
     assert not ray.is_initialized(), "Ray started before the error: an actor could have been taken"
     assert elapsed < 30, f"{elapsed:.1f}s to fail"  # a hang guard, not a speed target
+    print(f"\nCASE {case.id} {type(err.value).__name__} {elapsed:.2f}s")
     MESSAGES[case.id] = (
         type(err.value).__name__,
         re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", message),

@@ -172,6 +172,7 @@ def test_public_api_is_the_handful_a_user_needs():
         "load_reports",
         "LoadReport",
         "RayStreamLLMError",
+        "typed_errors",
     }
     errors = importlib.import_module("ray_stream_llm.errors")
     assert issubclass(errors.NotStreamableError, ray_stream_llm.RayStreamLLMError)

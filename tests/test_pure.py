@@ -163,6 +163,15 @@ def test_malformed_uri_refused_at_config():
         )
 
 
+OURS = (
+    "object_store",
+    "load_retries",
+    "load_retry_backoff_s",
+    "weight_sharing",
+    "weight_sharing_dir",
+)
+
+
 def test_config_same_fields_and_defaults_as_parent():
     from ray.data.llm import vLLMEngineProcessorConfig
 
@@ -172,11 +181,9 @@ def test_config_same_fields_and_defaults_as_parent():
     # the parent's fields and defaults, plus object_store (None: the standard environment)
     assert set(StreamingvLLMEngineProcessorConfig.model_fields) == set(
         vLLMEngineProcessorConfig.model_fields
-    ) | {"object_store", "load_retries", "load_retry_backoff_s"}
+    ) | set(OURS)
     assert ours.object_store is None
-    assert ours.model_dump(exclude={"object_store", "load_retries", "load_retry_backoff_s"}) == (
-        theirs.model_dump()
-    )
+    assert ours.model_dump(exclude=set(OURS)) == (theirs.model_dump())
     assert not ours.streams_from_object_store
     streamed = StreamingvLLMEngineProcessorConfig(
         model_source="s3://models/m", engine_kwargs={"load_format": "runai_streamer"}

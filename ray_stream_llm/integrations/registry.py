@@ -15,7 +15,9 @@ from ray.data.llm import build_processor
 from ray.llm._internal.batch.processor.base import ProcessorBuilder
 
 from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig
+from ray_stream_llm.integrations.runtime_env import store_updates
 from ray_stream_llm.preflight import preflight
+from ray_stream_llm.stores.settings import derive_settings
 
 if TYPE_CHECKING:
     from ray.data.llm import vLLMEngineProcessorConfig
@@ -36,6 +38,9 @@ def _build(
     config.check_streaming_source()
     # The model is checked before Ray's stages (and vLLM, torch) are imported, and before
     # Ray's builder starts Ray: seconds.
+    # The store's settings against the user's runtime_envs first: no store call is made for
+    # a config that contradicts itself.
+    store_updates(config, derive_settings(config.object_store), {})
     driver_dir = checked_metadata_dir
     if driver_dir is None and config.streams_from_object_store:
         driver_dir = preflight(config)

@@ -36,7 +36,6 @@ import os
 import platform
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -45,12 +44,9 @@ from typing import Any
 
 from ray_stream_llm.integrations.runtime_env import scoped_env
 from ray_stream_llm.reports import GIB
-from ray_stream_llm.tools.isolated import run_isolated, tree_bytes
+from ray_stream_llm.tools.bench_job import MAX_TOKENS, PROMPTS, SAMPLING, run_isolated_job
 
 # Fixed constants, as release tests have them: the prompt set and the sampling.
-PROMPTS = [f"Write item {i} of a list of facts about object storage." for i in range(8)]
-MAX_TOKENS = 16
-SAMPLING = {"ignore_eos": True}  # with temperature 0 and MAX_TOKENS: every row the same length
 SHARD_COUNTS = (1, 10, 100)
 CONCURRENCY = 16
 OUTPUT_ENV = "TEST_OUTPUT_JSON"  # where Ray's release tooling looks for results
@@ -217,76 +213,6 @@ def generate_sharded_weights(dest: Path, shards: int, shard_bytes: int) -> Path:
 
 
 # --- one job in an isolated environment -------------------------------------------------
-
-
-def run_isolated_job(
-    work: Path, spec: dict[str, Any], env: dict[str, str], timeout: float = 900
-) -> dict[str, Any]:
-    """Run one Ray Data job (``python -m ray_stream_llm.tools.bench job``) in a subprocess
-    whose HOME, TMPDIR, caches and Ray session live under ``work``: a cold start here."""
-    # Ray's socket paths must stay under 107 bytes: its session lives in a short directory.
-    ray_dir = tempfile.mkdtemp(prefix="rsl-ray-", dir="/tmp")
-    spec = {**spec, "ray_temp_dir": ray_dir}
-    (work / "spec.json").write_text(json.dumps(spec))
-    argv = [
-        sys.executable,
-        "-m",
-        "ray_stream_llm.tools.bench",
-        "job",
-        str(work / "spec.json"),
-        str(work / "out.json"),
-    ]
-    try:
-        proc = run_isolated(argv, work, {"RAY_STREAM_LLM_PROGRESS": "0", **env}, timeout=timeout)
-    finally:
-        shutil.rmtree(ray_dir, ignore_errors=True)
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"benchmark job failed (exit {proc.returncode}); its log: {work / 'job.log'}\n"
-            + (proc.stdout + proc.stderr)[-3000:]
-        )
-    out: dict[str, Any] = json.loads((work / "out.json").read_text())
-    out["disk_bytes_written"] = tree_bytes(work / "home") + tree_bytes(work / "tmp")
-    return out
-
-
-def _job_main(spec_path: str, out_path: str) -> None:
-    """The job a benchmark runs: every prompt in, every row out."""
-    from ray_stream_llm.tools.job import run_job
-
-    spec = json.loads(Path(spec_path).read_text())
-    result = run_job(
-        spec["model"],
-        spec["prompts"],
-        load_format=spec["load_format"],
-        max_tokens=spec["max_tokens"],
-        ray_temp_dir=spec["ray_temp_dir"],
-        num_cpus=spec.get("num_cpus"),
-        engine_kwargs=spec.get("engine_kwargs"),
-        sampling=spec.get("sampling"),
-        config_kwargs=spec.get("config"),
-    )
-    import ray
-
-    ray.shutdown()
-    reports = [r.to_dict() for r in result.load_reports]
-    Path(out_path).write_text(
-        json.dumps(
-            {
-                "rows": len(result.rows),
-                "generated_tokens": sum(
-                    int(r.get("num_generated_tokens") or 0) for r in result.rows
-                ),
-                "build_seconds": result.build_seconds,
-                "first_row_seconds": result.first_row_seconds,
-                "total_seconds": result.total_seconds,
-                "load_reports": reports,
-            }
-        )
-    )
-
-
-# --- the benchmarks ---------------------------------------------------------------------
 
 
 def cold_start(
@@ -744,13 +670,3 @@ def write_json(result: BenchResult, path: str | os.PathLike[str] | None = None) 
     target = Path(path or os.environ.get(OUTPUT_ENV) or "release_test_out.json")
     target.write_text(json.dumps(result.to_json(), indent=1))
     return target
-
-
-if __name__ == "__main__":  # vLLM spawns processes: the guard is required
-    if len(sys.argv) == 4 and sys.argv[1] == "job":
-        _job_main(sys.argv[2], sys.argv[3])
-    else:
-        sys.exit(
-            "usage: python -m ray_stream_llm.tools.bench job SPEC_JSON OUT_JSON "
-            "(internal; run benchmarks with `ray-stream-llm bench`)"
-        )

@@ -5,7 +5,7 @@ The store is reached through :class:`~ray_stream_llm.tools.throttle.Throttle`, w
 stands for the node's share of a real store's link (``rate`` bytes/s, 100 MiB/s by
 default): on loopback, with no cap, a store is as fast as local memory and the weights
 hide behind fixed costs. Each job runs cold, in its own isolated HOME and Ray cluster
-(:func:`ray_stream_llm.tools.bench.run_isolated_job`). Figures per path and engine
+(:func:`ray_stream_llm.tools.bench_job.run_isolated_job`). Figures per path and engine
 count: the bytes the link carried (the store served: weights, plus metadata and
 listings), the slowest engine's seconds to ready, each engine's weight phase (its
 streamer's first request to its last tensor, waits for the node's pull included), the
@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ray_stream_llm.tools.bench import MAX_TOKENS, PROMPTS, SAMPLING, run_isolated_job
+from ray_stream_llm.tools.bench_job import MAX_TOKENS, PROMPTS, SAMPLING, run_isolated_job
 from ray_stream_llm.tools.throttle import Throttle
 
 PATHS = ("streamed", "downloaded", "shared")
