@@ -156,8 +156,8 @@ def run_batch(
 
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = verbose  # ours is the one display when quiet
-    if not verbose:
-        logging.getLogger("ray.data").setLevel(logging.WARNING)
+    if not verbose:  # (ERROR: its "progress bars disabled" warning is about ours)
+        logging.getLogger("ray.data").setLevel(logging.ERROR)
     readers = {".parquet": ray.data.read_parquet, ".csv": ray.data.read_csv}
     reader = readers.get(input_path.suffix.lower(), ray.data.read_json)
     # A read task reserves a whole CPU by default; beside the engine and the CPU stages a
@@ -165,6 +165,8 @@ def run_batch(
     ds = reader(str(input_path), num_cpus=MAP_NUM_CPUS)
     rows_in = ds.count()
     tables, rows, tokens = [], 0, 0
+    if progress is not None:
+        progress(0, rows_in, 0)  # the display starts with the job: its rate is the job's
     with typed_errors():
         for batch in processor(ds).iter_batches(batch_format="pyarrow", batch_size=None):
             tables.append(batch)
