@@ -54,6 +54,9 @@ def test_two_engines_share_one_pull(s3_server, smollm2, work):
             object_store=store,
             config={"concurrency": [2, 2], "weight_sharing": "node"},
             num_cpus=4,
+            # both engines start before the first batch goes out (Ray Data otherwise sends
+            # the work to the first one ready, and the other may never be needed)
+            env={"RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S": "900"},
         )
         link_bytes = link.bytes_down
     assert sorted(r["question"] for r in out["rows"]) == sorted(QUESTIONS)

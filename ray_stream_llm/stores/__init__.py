@@ -53,10 +53,15 @@ def check_backend(scheme: str) -> None:
             ) from None
 
 
-@functools.cache
 def backend(scheme: str) -> Backend:
-    """The backend module of ``scheme``, checked to offer every Backend function."""
-    check_backend(scheme)
+    """The backend module of ``scheme``, checked to offer every Backend function; a
+    MissingBackendError with the pip line when its packages are not installed."""
+    check_backend(scheme)  # each time: cheap once imported, and the install may change
+    return _load(scheme)
+
+
+@functools.cache
+def _load(scheme: str) -> Backend:
     module = importlib.import_module(BACKENDS[scheme].module)
     missing = [name for name in BACKEND_FUNCTIONS if not callable(getattr(module, name, None))]
     if missing:

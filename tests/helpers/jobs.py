@@ -47,6 +47,7 @@ def run_isolated(
     config: dict | None = None,
     engine_kwargs: dict | None = None,
     num_cpus: int | None = None,
+    env: dict[str, str] | None = None,
     expect_failure: bool = False,
     metrics_port: int | None = None,
 ) -> tuple[dict, dict[str, int], float]:
@@ -56,6 +57,7 @@ def run_isolated(
         "RAY_STREAM_LLM_ACTOR_LOGS": "1",  # actor logs in the driver's output too
         "RAY_metrics_report_interval_ms": "1000",  # workers push metrics every second
         **({} if object_store else server.env()),
+        **(env or {}),
     }
     spec = {
         "model": model,
