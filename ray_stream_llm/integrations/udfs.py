@@ -281,10 +281,14 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         if sharing is None or sharing.mode != "node":
             return None, "off"
         self._node_weights = NodeWeights(uri, fetched.weight_objects, sharing)
-        region = self._node_weights.acquire()  # WeightSharingError when required and no fit
+        try:
+            region = self._node_weights.acquire()
+        except RayStreamLLMError as exc:  # WeightSharingError: asked for, and it cannot fit
+            store_failure(exc)  # for ray_stream_llm.typed_errors() on the driver
+            raise
         if region is None:
             self._node_weights = None
-            return None, "off: not enough memory on this node (see the warning)"
+            return None, "off: the node cannot hold the weights (see the actor's warning)"
         return region, "node"
 
     def _release_engine(self) -> None:
