@@ -7,19 +7,10 @@ import time
 
 import pytest
 from helpers.faultproxy import FaultProxy
-from helpers.jobs import run_isolated
+from helpers.jobs import run_isolated, store_through
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 QUESTIONS = ["What is 2+2?", "Name three primary colors.", "Say hello in French."]
-
-
-def _store(server, endpoint):
-    return {
-        "endpoint_url": endpoint,
-        "region_name": server.region,
-        "aws_access_key_id": server.access_key_id,
-        "aws_secret_access_key": server.secret_access_key,
-    }
 
 
 def test_store_drops_mid_stream_and_returns_within_retry_budget(s3_server, smollm2, work):
@@ -34,7 +25,7 @@ def test_store_drops_mid_stream_and_returns_within_retry_budget(s3_server, smoll
             "runai_streamer",
             QUESTIONS,
             max_tokens=16,
-            object_store=_store(s3_server, proxy.endpoint_url),
+            object_store=store_through(s3_server, proxy.endpoint_url),
             config={"load_retries": 2, "load_retry_backoff_s": 5.0},
         )
         assert proxy.cut_at is not None and proxy.refused > 0, "the fault was not injected"
@@ -63,7 +54,7 @@ def test_store_stays_away_fails_with_the_cause(s3_server, smollm2, work):
             "runai_streamer",
             QUESTIONS,
             max_tokens=16,
-            object_store=_store(s3_server, proxy.endpoint_url),
+            object_store=store_through(s3_server, proxy.endpoint_url),
             config={"load_retries": 1, "load_retry_backoff_s": 1.0},
             expect_failure=True,
         )
@@ -89,7 +80,7 @@ def test_slow_store_still_completes(s3_server, tiny_models, work):
             "runai_streamer",
             ["hello world", "ray data", "object store"],
             max_tokens=4,
-            object_store=_store(s3_server, proxy.endpoint_url),
+            object_store=store_through(s3_server, proxy.endpoint_url),
         )
         assert proxy.bytes_down > 0
     assert len(out["rows"]) == 3 and all(r["num_generated_tokens"] == 4 for r in out["rows"])

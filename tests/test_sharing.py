@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 from helpers.faultproxy import FaultProxy
-from helpers.jobs import run_isolated
+from helpers.jobs import run_isolated, store_through
 from helpers.s3log import AccessLog, prefix_of
 
 from ray_stream_llm.integrations.node_weights import CHUNK, DEFAULT_BASE
@@ -38,12 +38,7 @@ def test_two_engines_share_one_pull(s3_server, smollm2, work):
     size = (smollm2.local / "model.safetensors").stat().st_size
     log = AccessLog(s3_server)
     with FaultProxy(s3_server.port) as link:
-        store = {
-            "endpoint_url": link.endpoint_url,
-            "region_name": s3_server.region,
-            "aws_access_key_id": s3_server.access_key_id,
-            "aws_secret_access_key": s3_server.secret_access_key,
-        }
+        store = store_through(s3_server, link.endpoint_url)
         out, written, seconds = run_isolated(
             s3_server,
             work,

@@ -115,3 +115,13 @@ def metric(metrics: dict[str, float], name: str, model: str) -> float:
         if k.startswith(f"ray_stream_llm_{name}{{") and f'model="{model}"' in k
     ]
     return value
+
+
+def store_through(server: LocalS3Server, endpoint: str) -> dict[str, str]:
+    """ObjectStoreConfig fields for ``server`` reached at ``endpoint`` (a proxy in front)."""
+    return {
+        "endpoint_url": endpoint,
+        "region_name": server.region,
+        "aws_access_key_id": server.access_key_id,
+        "aws_secret_access_key": server.secret_access_key,
+    }
