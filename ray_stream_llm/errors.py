@@ -73,6 +73,11 @@ class EngineStartError(RayStreamLLMError, RuntimeError):
     memory, the model itself): not retried; the message quotes vLLM's root cause."""
 
 
+class UnsupportedRayError(RayStreamLLMError, ImportError):
+    """The installed Ray is outside the supported range, or lacks what a setting needs;
+    the message names the range (or the setting) and the fix."""
+
+
 class WeightSharingError(RayStreamLLMError, MemoryError):
     """``weight_sharing='node'`` was asked for, and the weights cannot be shared on a node
     (not enough memory, or no memory-backed directory); the message names the sizes."""

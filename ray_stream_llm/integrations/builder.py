@@ -15,12 +15,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import ray
+
 from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig
-from ray_stream_llm.errors import InvalidSettingError
+from ray_stream_llm.errors import InvalidSettingError, UnsupportedRayError
 from ray_stream_llm.integrations.compat import (
-    TESTED_RAY,
+    HAS_PLACEMENT_GROUP_CONFIG,
+    MODEL_FREE_UDFS,
+    SUPPORTED_RAY,
     Processor,
-    build_vllm_engine_processor,
+    check_ray_version,
+    ray_builds_with,
     vllm_is_cpu_build,
 )
 from ray_stream_llm.integrations.node_weights import DEFAULT_BASE, Sharing
@@ -38,56 +43,135 @@ logger = logging.getLogger(__name__)
 
 CPU_STAGE_NUM_CPUS = 0.25
 MAP_NUM_CPUS = 0.1
-_CPU_STAGES = ("chat_template_stage", "tokenize_stage", "detokenize_stage")
+_RAY_STAGE_CPUS = 1.0  # what Ray Data reserves for a map actor or task that names none
 
 
-def _with_cpu_default(value: Any) -> Any:
-    """A stage config value (bool | dict | typed config) with ``num_cpus`` defaulted."""
-    if value is True:
-        return {"num_cpus": CPU_STAGE_NUM_CPUS}
-    if isinstance(value, dict):
-        return (
-            value
-            if value.get("num_cpus") is not None
-            else {**value, "num_cpus": CPU_STAGE_NUM_CPUS}
-        )
-    if hasattr(value, "num_cpus") and value.num_cpus is None:
-        return value.model_copy(update={"num_cpus": CPU_STAGE_NUM_CPUS})
-    return value
+def _workers(config: StreamingvLLMEngineProcessorConfig) -> int:
+    """The engine's workers: tensor_parallel_size x pipeline_parallel_size."""
+    kwargs = config.engine_kwargs
+    return int(kwargs.get("tensor_parallel_size", 1)) * int(kwargs.get("pipeline_parallel_size", 1))
 
 
-def resource_defaults(config: StreamingvLLMEngineProcessorConfig) -> dict[str, Any]:
-    """Config updates that let the job schedule on a small CPU-only cluster."""
-    updates = {name: _with_cpu_default(getattr(config, name)) for name in _CPU_STAGES}
-    if config.placement_group_config is None and vllm_is_cpu_build():
-        workers = int(config.engine_kwargs.get("tensor_parallel_size", 1)) * int(
-            config.engine_kwargs.get("pipeline_parallel_size", 1)
-        )
-        updates["placement_group_config"] = {"bundles": [{"CPU": 1}] * workers}
-    return updates
-
-
-def _map_kwargs_defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
-    kwargs = dict(kwargs)
-    for name in ("preprocess_map_kwargs", "postprocess_map_kwargs"):
-        given = kwargs.get(name) or {}
-        kwargs[name] = (
-            given if given.get("num_cpus") is not None else {**given, "num_cpus": MAP_NUM_CPUS}
-        )
-    return kwargs
-
-
-def _engines(config: StreamingvLLMEngineProcessorConfig) -> int:
-    """The most engines the config can run (concurrency, or the top of its range)."""
+def _engines(config: StreamingvLLMEngineProcessorConfig, *, least: bool = False) -> int:
+    """The most engines the config can run (concurrency, or its range's top); ``least``:
+    the fewest it starts with."""
     concurrency = config.concurrency
-    return int(max(concurrency) if isinstance(concurrency, (tuple, list)) else concurrency)
+    if isinstance(concurrency, (tuple, list)):
+        return int(min(concurrency) if least else max(concurrency))
+    return int(concurrency)
 
 
-def resolve_sharing(config: StreamingvLLMEngineProcessorConfig, updates: dict[str, Any]) -> Sharing:
-    """The driver's decision on node weight sharing (the node's memory is checked there)."""
-    workers = int(config.engine_kwargs.get("tensor_parallel_size", 1)) * int(
-        config.engine_kwargs.get("pipeline_parallel_size", 1)
+def _user_placed_engine(config: StreamingvLLMEngineProcessorConfig) -> bool:
+    """The config says where its engines run: kept as Ray builds it, never replaced."""
+    return bool(
+        config.accelerator_type
+        or getattr(config, "placement_group_config", None)
+        or getattr(config, "resources_per_bundle", None)
     )
+
+
+def cluster_resources(config: StreamingvLLMEngineProcessorConfig) -> dict[str, float]:
+    """The cluster's resources; Ray is started as Ray's builder starts it (its first step)."""
+    ray.init(runtime_env=config.runtime_env, ignore_reinit_error=True)
+    return {name: float(value) for name, value in ray.cluster_resources().items()}
+
+
+def cpu_engines(config: StreamingvLLMEngineProcessorConfig, cluster: dict[str, float]) -> bool:
+    """Whether each engine asks for CPUs only: the CPU build of vLLM, a cluster without the
+    GPUs Ray's default engine asks for, and no placement or accelerator in the config
+    (or ``small_cluster_defaults='on'``)."""
+    if _user_placed_engine(config) or not vllm_is_cpu_build():
+        return False
+    if config.small_cluster_defaults == "on":
+        return True
+    return config.small_cluster_defaults == "auto" and cluster.get("GPU", 0.0) < _workers(
+        config
+    ) * _engines(config, least=True)
+
+
+def resource_defaults(
+    config: StreamingvLLMEngineProcessorConfig, cluster: dict[str, float] | None = None
+) -> dict[str, Any]:
+    """Config updates made before Ray's builder runs: CPU-only engine bundles where
+    :func:`cpu_engines` says so (Ray >= 2.5x; on Ray 2.48 see :func:`_place_engines`)."""
+    if cluster is None or not cpu_engines(config, cluster) or not HAS_PLACEMENT_GROUP_CONFIG:
+        return {}
+    return {"placement_group_config": {"bundles": [{"CPU": 1}] * _workers(config)}}
+
+
+def _cpu_stage_needs(processor: Processor, engine_cpus: float, engines: int) -> float:
+    """CPUs Ray's stage graph reserves before its first row: one actor per CPU stage,
+    the engines it starts with, and one map task."""
+    total = _RAY_STAGE_CPUS + engine_cpus * engines
+    for stage in processor.stages.values():
+        if not _is_engine(stage):
+            total += stage.map_batches_kwargs.get("num_cpus") or _RAY_STAGE_CPUS
+    return total
+
+
+def _is_engine(stage: Any) -> bool:
+    from ray_stream_llm.integrations.compat import vLLMEngineStageUDF
+
+    return issubclass(stage.fn, vLLMEngineStageUDF)
+
+
+def small_cluster(
+    config: StreamingvLLMEngineProcessorConfig,
+    processor: Processor,
+    cluster: dict[str, float],
+    engine_on_cpu: bool,
+) -> bool:
+    """Whether the CPU stages and maps get the small defaults: asked for, or the cluster's
+    CPUs cannot hold Ray's graph (a deadlock: the engines wait for rows the tokenizer never
+    gets a CPU to make)."""
+    if config.small_cluster_defaults != "auto":
+        return config.small_cluster_defaults == "on"
+    engine_cpus = float(_workers(config)) if engine_on_cpu else 1.0
+    needs = _cpu_stage_needs(processor, engine_cpus, _engines(config, least=True))
+    return cluster.get("CPU", 0.0) < needs
+
+
+def _apply_small_defaults(processor: Processor) -> None:
+    """0.25 CPU for each CPU stage actor, 0.1 for the pre/postprocess maps, where unset."""
+    for name, stage in list(processor.stages.items()):
+        kwargs = stage.map_batches_kwargs
+        if _is_engine(stage) or kwargs.get("num_cpus") is not None:
+            continue
+        processor.stages[name] = stage.model_copy(
+            update={"map_batches_kwargs": {**kwargs, "num_cpus": CPU_STAGE_NUM_CPUS}}
+        )
+    for attr in ("preprocess_map_kwargs", "postprocess_map_kwargs"):  # Ray >= 2.5x
+        given = getattr(processor, attr, None)
+        if isinstance(given, dict) and given.get("num_cpus") is None:
+            setattr(processor, attr, {**given, "num_cpus": MAP_NUM_CPUS})
+
+
+def _place_engines(config: StreamingvLLMEngineProcessorConfig, processor: Processor) -> None:
+    """Ray 2.48 (no ``placement_group_config``): each engine asks for its workers' CPUs
+    instead of GPUs."""
+    for name, stage in list(processor.stages.items()):
+        if _is_engine(stage):
+            kwargs = {k: v for k, v in stage.map_batches_kwargs.items() if k != "num_gpus"}
+            kwargs["num_cpus"] = _workers(config)
+            processor.stages[name] = stage.model_copy(update={"map_batches_kwargs": kwargs})
+
+
+def _engine_bundle(config: StreamingvLLMEngineProcessorConfig, updates: dict[str, Any]) -> dict:
+    """The resources of one engine worker, as the config and the updates ask them."""
+    pg = updates.get("placement_group_config") or getattr(config, "placement_group_config", None)
+    if isinstance(pg, dict):
+        return dict(pg.get("bundles", [{}])[0])
+    resources = getattr(config, "resources_per_bundle", None)  # Ray 2.48
+    if resources:
+        return dict(resources)
+    return {}
+
+
+def resolve_sharing(
+    config: StreamingvLLMEngineProcessorConfig, updates: dict[str, Any], engine_on_cpu: bool
+) -> Sharing:
+    """The driver's decision on node weight sharing (the node's memory is checked there)."""
+    workers = _workers(config)
     base = config.weight_sharing_dir or DEFAULT_BASE
     if config.weight_sharing == "node" and workers > 1:
         raise InvalidSettingError(
@@ -98,11 +182,37 @@ def resolve_sharing(config: StreamingvLLMEngineProcessorConfig, updates: dict[st
         return Sharing("off")
     if config.weight_sharing == "auto" and _engines(config) <= 1:
         return Sharing("off")
-    pg = updates.get("placement_group_config") or config.placement_group_config
-    bundle = dict((pg or {}).get("bundles", [{}])[0]) if isinstance(pg, dict) else {}
+    bundle = _engine_bundle(config, updates) or ({"CPU": 1} if engine_on_cpu else {})
     return Sharing(
         "node", base=base, required=config.weight_sharing == "node", engine_resources=bundle
     )
+
+
+def _build_ray_graph(
+    config: StreamingvLLMEngineProcessorConfig,
+    cluster: dict[str, float],
+    updates: dict[str, Any],
+    **kwargs: Any,
+) -> tuple[Processor, bool]:
+    """Ray's own stage graph for ``config`` with ``updates``; the resource defaults applied
+    only where the cluster needs them. Returns it and whether the engines run on CPUs."""
+    engine_on_cpu = cpu_engines(config, cluster)
+    processor = ray_builds_with(config.model_copy(update=updates), **kwargs)
+    if engine_on_cpu and not HAS_PLACEMENT_GROUP_CONFIG:
+        _place_engines(config, processor)
+    if small_cluster(config, processor, cluster, engine_on_cpu):
+        logger.info(
+            "Small cluster (%s CPUs, %s GPUs): stage actors reserve %s CPU, maps %s CPU, "
+            "engines %s (small_cluster_defaults=%r)",
+            cluster.get("CPU", 0),
+            cluster.get("GPU", 0),
+            CPU_STAGE_NUM_CPUS,
+            MAP_NUM_CPUS,
+            "CPUs only" if engine_on_cpu else "as Ray asks",
+            config.small_cluster_defaults,
+        )
+        _apply_small_defaults(processor)
+    return processor, engine_on_cpu
 
 
 def build_streaming_processor(
@@ -110,16 +220,17 @@ def build_streaming_processor(
 ) -> Processor:
     """The registered builder of ``StreamingvLLMEngineProcessorConfig``; ``driver_dir`` is
     what :func:`ray_stream_llm.preflight.preflight` returned, when it already ran."""
+    check_ray_version()
     settings = derive_settings(config.object_store)
-    updates = resource_defaults(config)
-    updates.update(store_updates(config, settings, updates))
-    kwargs = _map_kwargs_defaults(kwargs)
     secrets = {name: settings.env[name] for name in settings.secret_env}
     secret_env = SecretEnv(secrets) if secrets else None
     if not config.streams_from_object_store:
         # Ray's own path; its downloader runs here in the driver and reads os.environ.
         with scoped_env(settings.env):
-            processor = build_vllm_engine_processor(config.model_copy(update=updates), **kwargs)
+            cluster = cluster_resources(config)
+            updates = resource_defaults(config, cluster)
+            updates.update(store_updates(config, settings, updates))
+            processor, _ = _build_ray_graph(config, cluster, updates, **kwargs)
         # The only changes to Ray's UDFs: the secrets delivered, the engine's load reported.
         _swap_udfs(processor, secret_env=secret_env, stream=False)
         _deliver_env(processor, settings)
@@ -128,9 +239,11 @@ def build_streaming_processor(
 
     uri = parse_model_uri(config.model_source)
     driver_dir = driver_dir or preflight(config)
-    processor = build_vllm_engine_processor(
-        config.model_copy(update={**updates, "model_source": driver_dir}), **kwargs
-    )
+    cluster = cluster_resources(config)
+    updates = resource_defaults(config, cluster)
+    updates.update(store_updates(config, settings, updates))
+    updates["model_source"] = driver_dir
+    processor, engine_on_cpu = _build_ray_graph(config, cluster, updates, **kwargs)
     _swap_udfs(
         processor,
         secret_env=secret_env,
@@ -139,7 +252,7 @@ def build_streaming_processor(
         uri=str(uri),
         load_retries=config.load_retries,
         load_retry_backoff_s=config.load_retry_backoff_s,
-        sharing=resolve_sharing(config, updates),
+        sharing=resolve_sharing(config, updates, engine_on_cpu),
     )
     _deliver_env(processor, settings)
     processor.config = config
@@ -168,11 +281,14 @@ def _swap_udfs(
     """Replace each stage's UDF by its subclass here; with ``stream`` hand every stage the
     URI in place of the driver's local directory."""
     for name, stage in list(processor.stages.items()):
+        if stage.fn in MODEL_FREE_UDFS:
+            continue  # reads no model: nothing to fetch or stream
         replacement = STREAMING_UDFS.get(stage.fn)
         if replacement is None:
-            raise TypeError(
+            raise UnsupportedRayError(
                 f"stage {name!r} runs {stage.fn.__name__}, which ray-stream-llm does not know "
-                f"how to stream; this Ray version is not supported (tested: ray {TESTED_RAY})"
+                f"how to stream on ray {ray.__version__}; supported: ray "
+                f"{SUPPORTED_RAY[0]} to {SUPPORTED_RAY[1]}"
             )
         ctor = dict(stage.fn_constructor_kwargs)
         if stream and ctor.get("model") == driver_dir:

@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ray.data.llm import build_processor
+import ray.data.llm
 from ray.llm._internal.batch.processor.base import ProcessorBuilder
 
 from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig
+from ray_stream_llm.errors import UnsupportedRayError
+from ray_stream_llm.integrations.ray_version import check_ray_version
 from ray_stream_llm.integrations.runtime_env import store_updates
 from ray_stream_llm.preflight import preflight
 from ray_stream_llm.stores.settings import derive_settings
@@ -35,6 +37,7 @@ def _build(
     """``checked_metadata_dir`` (through ``builder_kwargs``): what
     :func:`ray_stream_llm.preflight.preflight` returned for this config, when the caller
     ran it before starting Ray itself (``ray-stream-llm run`` does)."""
+    check_ray_version()
     config.check_streaming_source()
     # The model is checked before Ray's stages (and vLLM, torch) are imported, and before
     # Ray's builder starts Ray: seconds.
@@ -63,12 +66,28 @@ def build_llm_processor(
     postprocess_map_kwargs: dict[str, Any] | None = None,
     builder_kwargs: dict[str, Any] | None = None,
 ) -> Processor:
-    """Build a processor: the name Ray used up to 2.54, with the arguments of
-    ``ray.data.llm.build_processor`` (which it calls).
+    """Build a processor on every supported Ray: the name Ray used up to 2.55, with the
+    arguments of ``ray.data.llm.build_processor`` (which it calls where Ray has it; Ray
+    2.48's builder takes no map kwargs, and says so).
 
     >>> processor = build_llm_processor(config, preprocess=pre, postprocess=post)  # doctest: +SKIP
     >>> ds = processor(ray.data.from_items([{"question": "What is 2+2?"}]))  # doctest: +SKIP
     """
+    build_processor = getattr(ray.data.llm, "build_processor", None)
+    if build_processor is None:  # Ray 2.48-2.52: ray.data.llm.build_llm_processor only
+        given = {
+            "preprocess_map_kwargs": preprocess_map_kwargs,
+            "postprocess_map_kwargs": postprocess_map_kwargs,
+        }
+        unsupported = sorted(name for name, value in given.items() if value)
+        if unsupported:
+            raise UnsupportedRayError(
+                f"{', '.join(unsupported)} need ray.data.llm.build_processor, which ray "
+                f"{ray.__version__} does not have; drop them or use ray>=2.53"
+            )
+        return ProcessorBuilder.build(
+            config, preprocess=preprocess, postprocess=postprocess, **(builder_kwargs or {})
+        )
     return build_processor(
         config,
         preprocess=preprocess,

@@ -102,7 +102,7 @@ def store_updates(
         return {}
     merge_runtime_env(config.runtime_env, settings, "runtime_env")
     for name in _STAGES:
-        stage_env = _stage_runtime_env(updates.get(name, getattr(config, name)))
+        stage_env = _stage_runtime_env(updates.get(name, getattr(config, name, None)))
         merge_runtime_env(stage_env, settings, f"{name}.runtime_env")
     merge_runtime_env(job_runtime_env(), settings, "the Ray job's runtime_env")
     if config.streams_from_object_store:

@@ -21,6 +21,7 @@ from ray_stream_llm.integrations.compat import (
     DetokenizeUDF,
     PrepareMultimodalUDF,
     TokenizeUDF,
+    ray_stage_shims,
     vllm_is_cpu_build,
     vLLMEngineStageUDF,
 )
@@ -153,7 +154,8 @@ def _metadata_stage(base: type[Any]) -> type[Any]:
         **kwargs: Any,
     ) -> None:
         model = _prepare(secret_env, stream, model, sharing)
-        base.__init__(self, data_column, expected_input_keys, model=model, **kwargs)
+        with ray_stage_shims():
+            base.__init__(self, data_column, expected_input_keys, model=model, **kwargs)
 
     name = f"Streaming{base.__name__}"
     # a module attribute of this name, so that Ray pickles the class by reference
@@ -165,7 +167,7 @@ StreamingTokenizeUDF = _metadata_stage(TokenizeUDF)
 StreamingDetokenizeUDF = _metadata_stage(DetokenizeUDF)
 
 
-class StreamingPrepareMultimodalUDF(PrepareMultimodalUDF):
+class StreamingPrepareMultimodalUDF(PrepareMultimodalUDF or object):  # type: ignore[misc]
     def __init__(
         self,
         data_column: str,
@@ -230,7 +232,7 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
                 start_pull(Path(region), parse_model_uri(uri_text), fetched.weight_objects)
             watcher = StreamWatcher(uri_text, progress=progress_enabled())
             try:
-                with watcher:
+                with watcher, ray_stage_shims():
                     super().__init__(
                         data_column,
                         expected_input_keys,
@@ -375,6 +377,7 @@ STREAMING_UDFS: dict[type, type] = {
     ChatTemplateUDF: StreamingChatTemplateUDF,
     TokenizeUDF: StreamingTokenizeUDF,
     DetokenizeUDF: StreamingDetokenizeUDF,
-    PrepareMultimodalUDF: StreamingPrepareMultimodalUDF,
     vLLMEngineStageUDF: StreamingvLLMEngineStageUDF,
 }
+if PrepareMultimodalUDF is not None:  # Ray >= 2.5x
+    STREAMING_UDFS[PrepareMultimodalUDF] = StreamingPrepareMultimodalUDF

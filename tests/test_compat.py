@@ -1,0 +1,166 @@
+"""The contract on every tested Ray (``make test`` on 2.60.0, ``make test-compat`` on the
+others): the supported range, the builders, and drop-in fidelity (where the config does
+not stream, the stage graph is Ray's own; the small-cluster defaults only where the
+cluster cannot hold Ray's graph, and never in place of an accelerator request).
+
+Each graph is built twice in one Ray cluster, by Ray's class and by the subclass, and
+compared stage by stage: the UDF (ours subclasses Ray's), its constructor arguments
+(ours adds ``stream``), and every ``map_batches`` argument (resources, placement,
+concurrency, runtime_env).
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import ray
+from ray.data.llm import vLLMEngineProcessorConfig
+
+from ray_stream_llm import StreamingvLLMEngineProcessorConfig, build_llm_processor
+from ray_stream_llm.errors import UnsupportedRayError
+from ray_stream_llm.integrations.ray_version import SUPPORTED_RAY, check_ray_version
+
+pytestmark = pytest.mark.e2e  # starts Ray (not vLLM)
+
+
+@pytest.mark.parametrize("version", ["2.48.0", "2.54.1", "2.60.0", "2.60.1", "2.55.0rc1"])
+def test_supported_range_admits(version):
+    check_ray_version(version)
+
+
+@pytest.mark.parametrize("version", ["2.47.1", "2.61.0", "3.0.0", "1.13.0"])
+def test_outside_the_range_a_typed_error_names_the_range(version):
+    with pytest.raises(UnsupportedRayError) as err:
+        check_ray_version(version)
+    assert f"ray {version} is not supported" in str(err.value)
+    assert f"{SUPPORTED_RAY[0]} to {SUPPORTED_RAY[1]}" in str(err.value)
+
+
+def test_the_installed_ray_is_in_the_range():
+    check_ray_version()
+
+
+def _comparable(value: Any) -> Any:
+    """A value's structure with objects replaced by their class and fields."""
+    if isinstance(value, functools.partial):
+        return (
+            "partial",
+            value.func.__qualname__,
+            _comparable(value.args),
+            _comparable(value.keywords),
+        )
+    if isinstance(value, dict):
+        return {k: _comparable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_comparable(v) for v in value]
+    if hasattr(value, "__dict__") and not isinstance(value, type):
+        return (type(value).__qualname__, _comparable(vars(value)))
+    return value
+
+
+def _graph(processor: Any) -> dict[str, Any]:
+    stages = {}
+    for name, stage in processor.stages.items():
+        ctor = {k: v for k, v in stage.fn_constructor_kwargs.items() if k != "stream"}
+        stages[name] = {
+            "fn": next(c for c in stage.fn.__mro__ if c.__module__.startswith("ray.")),
+            "ctor": _comparable(ctor),
+            "map_batches_kwargs": _comparable(stage.map_batches_kwargs),
+        }
+    for attr in ("preprocess_map_kwargs", "postprocess_map_kwargs"):
+        stages[attr] = _comparable(getattr(processor, attr, None))
+    return stages
+
+
+def _build_both(
+    model_dir: str, ours_only: dict | None = None, **fields: Any
+) -> tuple[dict, dict, Any]:
+    theirs = build_llm_processor(vLLMEngineProcessorConfig(model_source=model_dir, **fields))
+    ours = build_llm_processor(
+        StreamingvLLMEngineProcessorConfig(model_source=model_dir, **fields, **(ours_only or {}))
+    )
+    return _graph(theirs), _graph(ours), ours
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    from helpers.models import build_layout
+
+    return str(build_layout("single", tmp_path_factory.mktemp("compat") / "model"))
+
+
+def _cluster(**resources: Any) -> Iterator[None]:
+    temp = tempfile.mkdtemp(prefix="rsl-compat-", dir="/tmp")
+    ray.init(include_dashboard=False, _temp_dir=temp, **resources)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture
+def large_cluster() -> Iterator[None]:
+    """Logical resources that hold Ray's default graph: 16 CPUs, 8 GPUs."""
+    yield from _cluster(num_cpus=16, num_gpus=8)
+
+
+@pytest.fixture
+def small_cluster() -> Iterator[None]:
+    """This machine as a laptop's Ray sees it: 2 CPUs, no GPU."""
+    yield from _cluster(num_cpus=2, num_gpus=0)
+
+
+GRAPHS = {
+    "default": {},
+    "accelerator": {"accelerator_type": "L40S", "concurrency": 2},
+    "tensor-parallel": {"engine_kwargs": {"tensor_parallel_size": 2}, "batch_size": 16},
+    "streaming-format-local-dir": {"engine_kwargs": {"load_format": "runai_streamer"}},
+}
+
+
+@pytest.mark.parametrize("fields", GRAPHS.values(), ids=GRAPHS.keys())
+def test_where_the_cluster_holds_rays_graph_the_graph_is_rays(large_cluster, model_dir, fields):
+    theirs, ours, _ = _build_both(model_dir, **fields)
+    assert ours == theirs
+
+
+def _engine(processor: Any) -> dict[str, Any]:
+    [engine] = [s for s in processor.stages.values() if "vLLMEngineStage" in type(s).__name__]
+    return dict(engine.map_batches_kwargs)
+
+
+def test_on_a_small_cpu_cluster_the_defaults_make_it_schedulable(small_cluster, model_dir):
+    theirs, ours, processor = _build_both(model_dir)
+    assert ours != theirs
+    engine = _engine(processor)
+    assert not engine.get("num_gpus")  # vLLM's CPU build, a cluster without GPUs
+    cpu_stages = [
+        s.map_batches_kwargs["num_cpus"]
+        for s in processor.stages.values()
+        if "vLLMEngineStage" not in type(s).__name__ and "num_cpus" in s.map_batches_kwargs
+    ]
+    assert cpu_stages and set(cpu_stages) == {0.25}
+
+
+def test_an_accelerator_request_is_never_dropped(small_cluster, model_dir):
+    _, _, processor = _build_both(model_dir, accelerator_type="L40S")
+    engine = _engine(processor)
+    assert engine.get("accelerator_type") == "L40S" or "accelerator_type" in repr(engine)
+    assert engine.get("num_gpus") or "GPU" in repr(engine)
+
+
+def test_small_cluster_defaults_off_gives_rays_graph_anywhere(small_cluster, model_dir):
+    theirs, ours, _ = _build_both(model_dir, {"small_cluster_defaults": "off"})
+    assert ours == theirs
+
+
+def test_small_cluster_defaults_on_applies_them_on_a_large_cluster(large_cluster, model_dir):
+    theirs, ours, processor = _build_both(model_dir, {"small_cluster_defaults": "on"})
+    assert ours != theirs
+    assert not _engine(processor).get("num_gpus")
