@@ -1,5 +1,5 @@
-"""The ``ray-stream-llm`` console script: inspect, fetch-metadata, run, local-store, demo,
-bench."""
+"""The ``ray-stream-llm`` console script: inspect, shard, fetch-metadata, run, local-store,
+demo, bench."""
 
 from __future__ import annotations
 
@@ -130,6 +130,90 @@ def inspect(
                 click.echo(f"  - {problem}")
     if not manifest.streamable:
         sys.exit(1)
+
+
+@main.command()
+@click.argument("model_uri")
+@click.option(
+    "--tensor-parallel-size",
+    type=click.IntRange(min=1),
+    required=True,
+    help="Ranks to shard for: the engines' tensor_parallel_size.",
+)
+@click.option("--output", required=True, help="s3:// prefix of the sharded checkpoint.")
+@click.option(
+    "--max-part-bytes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Split each rank's state into files of at most this many bytes (default: one).",
+)
+@click.option(
+    "--stage-dir",
+    default="/dev/shm",
+    show_default=True,
+    help="Memory-backed directory the ranks save into before the upload (tmpfs only).",
+)
+@click.option(
+    "--engine-kwargs",
+    default=None,
+    help='JSON object of extra vLLM engine arguments, e.g. \'{"dtype": "bfloat16"}\'.',
+)
+@click.option("--json", "as_json", is_flag=True, help="Print what was done as JSON.")
+@_store_options
+@_one_line_errors
+def shard(
+    model_uri: str,
+    tensor_parallel_size: int,
+    output: str,
+    max_part_bytes: int | None,
+    stage_dir: str,
+    engine_kwargs: str | None,
+    as_json: bool,
+    endpoint_url: str | None,
+    region: str | None,
+    anonymous: bool,
+) -> None:
+    """Write MODEL_URI to --output as a pre-sharded checkpoint for runai_streamer_sharded.
+
+    Loads the model with vLLM at --tensor-parallel-size (streamed from the store), saves
+    each rank's state in --stage-dir and uploads it with the model's metadata; a
+    completion marker is written last. Running it again finishes a partial output.
+
+    Example: ray-stream-llm shard s3://models/llama-70b/ --tensor-parallel-size 8 --output s3://models/llama-70b-tp8/
+    """
+    from ray_stream_llm.errors import InvalidSettingError
+    from ray_stream_llm.tools.shard import shard_model
+
+    extra = None
+    if engine_kwargs:
+        try:
+            extra = json.loads(engine_kwargs)
+        except ValueError as exc:
+            raise InvalidSettingError(
+                f"--engine-kwargs is not JSON ({exc}): {engine_kwargs!r}"
+            ) from None
+        if not isinstance(extra, dict):
+            raise InvalidSettingError(f"--engine-kwargs must be a JSON object: {engine_kwargs!r}")
+    result = shard_model(
+        model_uri,
+        tensor_parallel_size,
+        output,
+        object_store=_store(endpoint_url, region, anonymous),
+        engine_kwargs=extra,
+        max_part_bytes=max_part_bytes,
+        stage_dir=stage_dir,
+        log=lambda msg: click.echo(msg, err=True),
+    )
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    for rank, size in sorted(result.rank_bytes().items()):
+        click.echo(f"rank {rank}: {_size(size)}")
+    state = "already complete" if result.already_complete else f"{len(result.uploaded)} sent"
+    click.echo(
+        f"{result.output}: {len(result.files)} rank file(s), {_size(result.weight_bytes)}, "
+        f"{len(result.metadata)} metadata file(s); {state}; {result.total_seconds:.1f}s"
+    )
 
 
 @main.command("fetch-metadata")

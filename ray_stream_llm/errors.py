@@ -81,3 +81,25 @@ class UnsupportedRayError(RayStreamLLMError, ImportError):
 class WeightSharingError(RayStreamLLMError, MemoryError):
     """``weight_sharing='node'`` was asked for, and the weights cannot be shared on a node
     (not enough memory, or no memory-backed directory); the message names the sizes."""
+
+
+class TensorParallelMismatchError(NotStreamableError):
+    """A pre-sharded checkpoint (``runai_streamer_sharded``) holds files for other ranks than
+    ``tensor_parallel_size`` needs; the message names the ranks found and the size asked."""
+
+
+class IncompleteShardedCheckpointError(NotStreamableError):
+    """A pre-sharded checkpoint written by ``ray-stream-llm shard`` is not complete: the
+    writer stopped before its completion marker, or a file the marker lists is missing or
+    changed; the message names the objects and the command that resumes it."""
+
+
+class ShardOutputConflictError(RayStreamLLMError, FileExistsError):
+    """The output prefix of ``ray-stream-llm shard`` holds objects it did not write, or a
+    checkpoint of another model or tensor-parallel size; nothing was written there."""
+
+
+class ShardWriteError(RayStreamLLMError, RuntimeError):
+    """The engine of ``ray-stream-llm shard`` saved rank files that cannot be the model
+    (other ranks than asked, or far fewer bytes than the source's weights); nothing was
+    marked complete. The message names the sizes."""

@@ -22,7 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from ray_stream_llm import stores
-from ray_stream_llm.errors import NotStreamableError
+from ray_stream_llm.errors import (
+    IncompleteShardedCheckpointError,
+    NotStreamableError,
+    TensorParallelMismatchError,
+)
 from ray_stream_llm.patterns import (
     CHECKED_METADATA,
     SAFETENSORS_INDEX,
@@ -38,6 +42,12 @@ from ray_stream_llm.uri import ModelURI, is_safe_relative, parse_model_uri
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 MAX_METADATA_JSON_BYTES = 16 * 1024 * 1024  # config, index, tokenizer and generation configs
 _SHARDED_RE = re.compile(r"^model-rank-(\d+)-part-(\d+)\.safetensors$")  # vLLM sharded_state
+# The markers of ``ray-stream-llm shard`` (ray_stream_llm.tools.shard) at the root of its
+# output: the partial one written first, the completion one last (then the partial one is
+# deleted). Neither is metadata nor a weight: no fetch brings them to local disk.
+SHARD_PARTIAL_MARKER = "ray-stream-llm-shard.partial"
+SHARD_DONE_MARKER = "ray-stream-llm-shard.done"
+MAX_SHARD_MARKER_BYTES = 16 * 1024 * 1024
 _CONVERT_HINT = (
     "convert it once to safetensors, e.g. `AutoModelForCausalLM.from_pretrained(dir)"
     ".save_pretrained(dir, safe_serialization=True)` with transformers, and upload the "
@@ -62,6 +72,8 @@ class ModelManifest:
     files: tuple[ModelFile, ...]
     problems: tuple[str, ...]  # each names the object and the fix; empty: streamable
     tensors: int  # tensors listed by the shards' headers
+    ranks: tuple[int, ...] = ()  # ranks of the pre-sharded files (checked with a TP size)
+    rank_mismatch: bool = False  # the pre-sharded files do not fit tensor_parallel_size
 
     @property
     def streamable(self) -> bool:
@@ -85,14 +97,14 @@ class ModelManifest:
             "problems": list(self.problems),
             "tensors": self.tensors,
             "weight_bytes": self.weight_bytes,
+            "ranks": list(self.ranks),
             "files": [dataclasses.asdict(f) | {"role": f.role.value} for f in self.files],
         }
 
     def raise_if_not_streamable(self) -> None:
         if self.problems:
-            raise NotStreamableError(
-                f"{self.uri!r} cannot be streamed: " + "; ".join(self.problems)
-            )
+            cls = TensorParallelMismatchError if self.rank_mismatch else NotStreamableError
+            raise cls(f"{self.uri!r} cannot be streamed: " + "; ".join(self.problems))
 
 
 def inspect_model(
@@ -110,8 +122,12 @@ def inspect_model(
     ``ModelManifest.problems``; :meth:`ModelManifest.raise_if_not_streamable`
     raises them as one :class:`NotStreamableError`. With ``tensor_parallel_size``,
     pre-sharded checkpoints (``runai_streamer_sharded``) are checked to hold one
-    set of files per rank. With ``metadata_dir`` (a :func:`fetch_model_metadata`
-    directory of the same model) the JSON files are parsed from there, not read again.
+    set of files per rank (:class:`TensorParallelMismatchError` when raised). An output
+    of ``ray-stream-llm shard`` that the writer did not finish (its partial marker without
+    the completion marker, or a file the completion marker lists missing or of another
+    size) raises :class:`IncompleteShardedCheckpointError` at once. With ``metadata_dir``
+    (a :func:`fetch_model_metadata` directory of the same model) the JSON files are
+    parsed from there, not read again.
 
     >>> inspect_model("s3://models/SmolLM2-135M-Instruct/").weight_bytes  # doctest: +SKIP
     269060552
@@ -124,6 +140,7 @@ def inspect_model(
     files = tuple(ModelFile(o.path, o.size, classify(o.path)) for o in listing)
     problems: list[str] = []
     names = {f.path: f for f in files}
+    _check_shard_markers(client, model, names, deadline)
     require_metadata(str(model), names)
     reader = _Reader(client, model, deadline, Path(metadata_dir) if metadata_dir else None)
     for name, check in CHECKED_METADATA.items():
@@ -141,8 +158,13 @@ def inspect_model(
         )
     if SAFETENSORS_INDEX in names:
         problems.extend(_check_index(reader, names[SAFETENSORS_INDEX], {f.path for f in shards}))
+    ranks: tuple[int, ...] = ()
+    mismatch = False
     if tensor_parallel_size is not None:
-        problems.extend(_check_ranks(shards, tensor_parallel_size))
+        ranks = tuple(sorted({int(m.group(1)) for f in shards if (m := _SHARDED_RE.match(f.path))}))
+        rank_problems = _check_ranks(shards, tensor_parallel_size)
+        mismatch = bool(ranks) and set(ranks) != set(range(tensor_parallel_size))
+        problems.extend(rank_problems)
     tensors = 0
     if check_headers and shards:
         with concurrent.futures.ThreadPoolExecutor(min(8, len(shards))) as pool:
@@ -152,7 +174,69 @@ def inspect_model(
                 tensors += count
                 if problem:
                     problems.append(problem)
-    return ModelManifest(uri=str(model), files=files, problems=tuple(problems), tensors=tensors)
+    return ModelManifest(
+        uri=str(model),
+        files=files,
+        problems=tuple(problems),
+        tensors=tensors,
+        ranks=ranks,
+        rank_mismatch=mismatch,
+    )
+
+
+def read_shard_marker(
+    client: Client, model: ModelURI, file: ModelFile | Any, deadline: StoreDeadline
+) -> dict[str, Any]:
+    """The JSON object of a ``ray-stream-llm shard`` marker; IncompleteShardedCheckpointError
+    when it is too large or not such an object (a marker cut or replaced by hand)."""
+    problem = None
+    if file.size > MAX_SHARD_MARKER_BYTES:
+        problem = f"is {file.size} bytes, more than a marker has"
+    else:
+        try:
+            value = _loads(stores.read(client, model, file.path, deadline))
+        except (ValueError, UnicodeDecodeError) as exc:
+            problem = f"is not valid JSON ({exc})"
+        else:
+            if isinstance(value, dict) and isinstance(value.get("files", []), list):
+                return value
+            problem = "is not a marker object"
+    raise IncompleteShardedCheckpointError(
+        f"{str(model)!r}: the shard marker {file.path} {problem}; run `ray-stream-llm shard` "
+        f"with --output {model!s} again to rewrite the checkpoint"
+    )
+
+
+def _check_shard_markers(
+    client: Client, model: ModelURI, names: dict[str, ModelFile], deadline: StoreDeadline
+) -> None:
+    """Refuse an output of ``ray-stream-llm shard`` that its writer did not finish."""
+    resume = (
+        f"run the same `ray-stream-llm shard SOURCE --tensor-parallel-size N --output "
+        f"{model!s}` again to resume it (or delete the prefix)"
+    )
+    if SHARD_DONE_MARKER not in names:
+        if SHARD_PARTIAL_MARKER in names:
+            raise IncompleteShardedCheckpointError(
+                f"{str(model)!r} is a partial output of `ray-stream-llm shard`: "
+                f"{SHARD_PARTIAL_MARKER} is there and {SHARD_DONE_MARKER} is not, so the writer "
+                f"stopped before it finished; {resume}"
+            )
+        return
+    marker = read_shard_marker(client, model, names[SHARD_DONE_MARKER], deadline)
+    bad = []
+    for entry in marker.get("files", []):
+        path, size = str(entry.get("path")), entry.get("size")
+        found = names.get(path)
+        if found is None:
+            bad.append(f"{path} (missing)")
+        elif found.size != size:
+            bad.append(f"{path} ({found.size} bytes, the marker says {size})")
+    if bad:
+        raise IncompleteShardedCheckpointError(
+            f"{str(model)!r}: {len(bad)} object(s) that {SHARD_DONE_MARKER} lists are not as "
+            f"written: {', '.join(bad[:5])}; {resume}"
+        )
 
 
 def _loads(raw: bytes) -> Any:
@@ -280,8 +364,23 @@ def _check_ranks(shards: list[ModelFile], tp: int) -> list[str]:
     if ranks != set(range(tp)):
         return [
             f"the pre-sharded files are for ranks {sorted(ranks)}, but tensor_parallel_size is "
-            f"{tp}; save the shards again with tensor_parallel_size={tp} or set "
-            f"tensor_parallel_size={len(ranks)}"
+            f"{tp} (ranks {list(range(tp))}); save the shards again with "
+            f"tensor_parallel_size={tp} (`ray-stream-llm shard --tensor-parallel-size {tp}`) "
+            f"or set tensor_parallel_size={len(ranks)}"
+        ]
+    parts: dict[int, set[int]] = {}
+    for f in shards:
+        if m := _SHARDED_RE.match(f.path):
+            parts.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+    gaps = [
+        f"rank {rank} lacks part(s) {sorted(set(range(max(got) + 1)) - got)}"
+        for rank, got in sorted(parts.items())
+        if got != set(range(max(got) + 1))
+    ]
+    if gaps:
+        return [
+            f"the pre-sharded files are incomplete: {'; '.join(gaps)}; upload the missing "
+            "model-rank-<rank>-part-<part>.safetensors files or save the shards again"
         ]
     return []
 

@@ -7,8 +7,8 @@ set ``RAY_STREAM_LLM_LOAD_REPORT_DIR`` (the engine's processes inherit the
 actor's environment). Then it wraps ``SafetensorsStreamer`` so that each
 streaming session writes one small JSON file there, ``<pid>-<n>.json``: the
 files streamed, the bytes the streamer planned and the bytes it delivered,
-the seconds from the first request to the last tensor, and the streamer
-settings in force there. The file is
+the seconds from the first request to the last tensor, the process's tensor-parallel
+rank, and the streamer settings in force there. The file is
 rewritten at most every half second while tensors arrive (the actor turns it
 into progress) and once at the end.
 
@@ -20,6 +20,11 @@ exception vLLM logs in its processes (``EngineCore failed to start.``, a worker'
 failure) becomes ``failure-<pid>-<n>.json`` (type, module, message, and its
 causes), so that the actor can quote the root cause rather than vLLM's
 "Engine core initialization failed. See root cause above."
+
+Tensor-parallel engines: with the ``mp`` executor the workers are the engine's child
+processes and inherit the directory; with the Ray executor they are Ray actors, and
+``register`` names the directory in ``VLLM_RAY_EXTRA_ENV_VARS_TO_COPY`` so that vLLM
+passes it to them. Either way each rank writes its own sessions (on the actor's node).
 """
 
 from __future__ import annotations
@@ -45,6 +50,30 @@ STREAMER_SETTINGS = {
 
 def streamer_settings() -> dict[str, str]:
     return {k: os.environ.get(v, "default") for k, v in STREAMER_SETTINGS.items()}
+
+
+def tensor_parallel_rank() -> int | None:
+    """This process's tensor-parallel rank once vLLM set up its groups (a worker loading
+    weights), else None."""
+    try:
+        from vllm.distributed import parallel_state
+
+        if getattr(parallel_state, "_TP", None) is None:
+            return None
+        return int(parallel_state.get_tensor_model_parallel_rank())
+    except Exception:
+        return None
+
+
+# vLLM's Ray executor copies the variables named here to its worker actors: with it the
+# workers (tensor or pipeline parallel, distributed_executor_backend="ray") report too.
+RAY_COPY_ENV = "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY"
+
+
+def _copy_to_ray_workers(name: str) -> None:
+    names = [n for n in os.environ.get(RAY_COPY_ENV, "").split(",") if n.strip()]
+    if name not in names:
+        os.environ[RAY_COPY_ENV] = ",".join([*names, name])
 
 
 _FLUSH_S = 0.5
@@ -80,6 +109,7 @@ def _measured(base: type) -> type:
                     os.environ[REPORT_DIR_ENV], f"{os.getpid()}-{next(_sessions)}.json"
                 ),
                 "pid": os.getpid(),
+                "rank": tensor_parallel_rank(),
                 "files": [str(p) for p in paths],
                 "planned_bytes": planned,
                 "delivered_bytes": 0,
@@ -179,11 +209,41 @@ def _record_failures(directory: str) -> None:
         vllm_logger.addHandler(FailureRecorder(directory))
 
 
+SHARD_WRITER_ENV = "RAY_STREAM_LLM_SHARD_WRITER"  # set by save_sharded_checkpoint
+
+
+def _keep_cpu_linear_weights() -> None:
+    """vLLM's CPU build packs each linear layer's weight for its GEMM kernels after loading
+    and replaces the parameter with an empty tensor (``dispatch_cpu_unquantized_gemm(...,
+    remove_weight=True)``): ``save_sharded_state`` would then save no linear weight at all.
+    In the shard writer's engine the layers keep their weights (plain ``F.linear``; the
+    writer serves nothing), through vLLM's own ``_cpu_skip_gemm_dispatch`` switch."""
+    try:
+        from vllm.model_executor.layers import linear
+        from vllm.platforms import current_platform
+    except ImportError:
+        return
+    method = getattr(linear, "UnquantizedLinearMethod", None)
+    if not current_platform.is_cpu() or method is None or getattr(method, "_rsl_keeps", False):
+        return
+    original = method.process_weights_after_loading
+
+    def process_weights_after_loading(self: Any, layer: Any) -> None:
+        layer._cpu_skip_gemm_dispatch = True
+        original(self, layer)
+
+    method.process_weights_after_loading = process_weights_after_loading
+    method._rsl_keeps = True
+
+
 def register() -> None:
     """Entry point of ``vllm.general_plugins``; vLLM may call it more than once per process."""
+    if os.environ.get(SHARD_WRITER_ENV) == "1":
+        _keep_cpu_linear_weights()
     directory = os.environ.get(REPORT_DIR_ENV)
     if not directory:
         return
+    _copy_to_ray_workers(REPORT_DIR_ENV)
     _record_failures(directory)
     try:
         from vllm.model_executor.model_loader import weight_utils
@@ -196,3 +256,77 @@ def register() -> None:
     ):
         return  # the streamer is not installed (vLLM's placeholder), or already wrapped
     weight_utils.SafetensorsStreamer = _measured(current)
+
+
+def save_sharded_checkpoint(
+    engine_kwargs: dict[str, Any], stage_dir: str, max_part_bytes: int | None = None
+) -> tuple[float, float]:
+    """The shard writer's use of vLLM (``ray_stream_llm.tools.shard``): start an engine with
+    ``engine_kwargs`` in this process (its tensor-parallel workers are this process's
+    children), have every rank save its own state with vLLM's
+    ``ShardedStateLoader.save_model`` into ``stage_dir`` (``model-rank-R-part-P.safetensors``,
+    parts of at most ``max_part_bytes``), then shut the engine down.
+
+    Returns (seconds to a ready engine, seconds to save). ``stage_dir`` must be visible to
+    every rank: one node.
+    """
+    import gc
+
+    from vllm import LLM
+
+    before = _cpu_segments()
+    previous = os.environ.get(SHARD_WRITER_ENV)
+    os.environ[SHARD_WRITER_ENV] = "1"  # the engine's processes inherit it (register)
+    start = time.perf_counter()
+    try:
+        llm = LLM(**engine_kwargs)
+    finally:
+        if previous is None:
+            os.environ.pop(SHARD_WRITER_ENV, None)
+        else:
+            os.environ[SHARD_WRITER_ENV] = previous
+    ready = time.perf_counter()
+    try:
+        llm.llm_engine.engine_core.save_sharded_state(
+            path=stage_dir, pattern=None, max_size=max_part_bytes
+        )
+        saved = time.perf_counter()
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+        _remove_unmapped(_cpu_segments() - before)
+    return ready - start, saved - ready
+
+
+_SHM = "/dev/shm"
+
+
+def _cpu_segments() -> set[str]:
+    """The shared-memory files of vLLM's CPU all-reduce (``vllm_dist_<id>-[ranks]-cpushm*``):
+    its workers, stopped by ``shutdown``, leave them behind."""
+    try:
+        return {n for n in os.listdir(_SHM) if n.startswith("vllm_dist_") and "cpushm" in n}
+    except OSError:
+        return set()
+
+
+def _remove_unmapped(names: set[str]) -> None:
+    """Remove those of ``names`` (segments that appeared during this engine's life) that no
+    live process maps any more: never another engine's segment in use."""
+    if not names:
+        return
+    mapped: set[str] = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                mapped.update(line.rsplit("/", 1)[-1].strip() for line in f if _SHM in line)
+        except OSError:
+            continue
+    for name in names - mapped:
+        try:
+            os.unlink(os.path.join(_SHM, name))
+        except OSError:
+            pass

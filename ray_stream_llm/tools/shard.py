@@ -1,0 +1,555 @@
+"""``ray-stream-llm shard``: write a pre-sharded checkpoint (one set of files per
+tensor-parallel rank) to the store, for ``load_format="runai_streamer_sharded"``.
+
+The model is streamed from the store into a vLLM engine at ``tensor_parallel_size=N``
+(``runai_streamer``, nothing written to disk), every rank saves its own state with vLLM's
+``ShardedStateLoader.save_model`` into a private directory on a memory-backed filesystem
+(``/dev/shm`` by default: a disk-backed one is refused), and each file is uploaded and
+removed from there at once. The model's metadata (config, tokenizer, generation config,
+chat templates; not the safetensors index, which names the original files) is copied too.
+
+The output prefix, in order:
+
+1. ``ray-stream-llm-shard.partial``: the run's identity (source, its weight ETags, N, the
+   part size), written first; after the save, rewritten with every file's size and SHA-256;
+2. the metadata files and ``model-rank-R-part-P.safetensors``, each with its SHA-256 in the
+   object's user metadata (``x-amz-meta-sha256``);
+3. ``ray-stream-llm-shard.done``, the completion marker, last; then the partial marker
+   is deleted.
+
+Idempotent: a complete output of the same run is left as it is (nothing loaded). Resumable:
+a run stopped after ``.partial`` starts again where it was; objects already uploaded whole
+(same size and SHA-256) are not sent again, and when every file is already there the model
+is not loaded at all. :func:`ray_stream_llm.inspect_model` refuses a partial output
+(:class:`~ray_stream_llm.errors.IncompleteShardedCheckpointError`).
+
+Output: ``s3://`` (or an S3-compatible store) only: vLLM 0.29's ``ShardedStateLoader``
+finds the rank files by listing ``s3://`` prefixes and nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ray_stream_llm import stores
+from ray_stream_llm.errors import (
+    InvalidModelURIError,
+    InvalidSettingError,
+    ShardOutputConflictError,
+    ShardWriteError,
+    WeightSharingError,
+)
+from ray_stream_llm.manifest import (
+    SHARD_DONE_MARKER,
+    SHARD_PARTIAL_MARKER,
+    inspect_model,
+    read_shard_marker,
+)
+from ray_stream_llm.patterns import SAFETENSORS_INDEX, FileRole
+from ray_stream_llm.stores import StoreDeadline
+from ray_stream_llm.stores.settings import ObjectStoreConfig, derive_settings
+from ray_stream_llm.uri import ModelURI, parse_model_uri
+
+MARKER_VERSION = 1
+DEFAULT_STAGE = "/dev/shm"
+MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")
+STAGE_PREFIX = "rsl-shard-"
+# The rank files hold every weight of the model (replicated ones once per rank): far less
+# than the source's bytes means the save lost weights.
+MIN_SAVED_SHARE = 0.5
+SHARDED_LOAD_FORMAT = "runai_streamer_sharded"
+# Engine settings of the writing engine: it serves nothing, so a small KV cache.
+CPU_WRITER_KWARGS: dict[str, Any] = {"kv_cache_memory_bytes": 256 << 20}
+WRITER_KWARGS: dict[str, Any] = {"enforce_eager": True, "max_num_seqs": 1, "seed": 0}
+
+
+@dataclasses.dataclass
+class ShardResult:
+    """What one ``shard`` run did."""
+
+    output: str
+    tensor_parallel_size: int
+    files: list[dict[str, Any]]  # {path, size, sha256, rank}: the rank files
+    metadata: list[str]  # metadata files copied next to them
+    uploaded: list[str]  # objects this run sent (the rest were there already)
+    already_complete: bool  # the output was complete: nothing was loaded or sent
+    loaded: bool  # a vLLM engine was started (False when every file was there)
+    load_seconds: float
+    save_seconds: float
+    upload_seconds: float
+    total_seconds: float
+    stage_dir: str | None  # the memory-backed directory the ranks saved into (now removed)
+    staged_peak_bytes: int  # the most bytes that were in it at once
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(int(f["size"]) for f in self.files)
+
+    def rank_bytes(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for f in self.files:
+            out[int(f["rank"])] = out.get(int(f["rank"]), 0) + int(f["size"])
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **dataclasses.asdict(self),
+            "weight_bytes": self.weight_bytes,
+            "rank_bytes": self.rank_bytes(),
+        }
+
+
+def mount_type(path: str | os.PathLike[str]) -> str:
+    """The filesystem type of the mount holding ``path`` (from /proc/self/mounts)."""
+    real = os.path.realpath(path)
+    best, kind = "", "unknown"
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return kind
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind
+
+
+def _check_stage(stage: Path, need: int) -> None:
+    if not stage.is_dir():
+        raise InvalidSettingError(
+            f"stage directory {str(stage)!r} does not exist; pass a directory on a "
+            f"memory-backed filesystem (tmpfs), e.g. {DEFAULT_STAGE}"
+        )
+    kind = mount_type(stage)
+    if kind not in MEMORY_FILESYSTEMS:
+        raise InvalidSettingError(
+            f"stage directory {str(stage)!r} is on a {kind} filesystem, not a memory-backed "
+            f"one ({', '.join(MEMORY_FILESYSTEMS)}): the rank files would be written to disk; "
+            f"pass a tmpfs directory such as {DEFAULT_STAGE}"
+        )
+    free = shutil.disk_usage(stage).free
+    if free < need:
+        raise WeightSharingError(
+            f"stage directory {str(stage)!r} has {free} bytes free, and the rank files of this "
+            f"model need about {need}; free memory there or pass a larger tmpfs directory"
+        )
+
+
+def _remove_stale_stages(stage: Path) -> None:
+    """Stage directories of ``shard`` runs whose process is gone (killed mid-way)."""
+    for entry in stage.glob(f"{STAGE_PREFIX}*"):
+        try:
+            pid = int(entry.name[len(STAGE_PREFIX) :].split("-", 1)[0])
+        except ValueError:
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(entry, ignore_errors=True)
+        except PermissionError:
+            continue
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class _Output:
+    """The output prefix, through one boto3 client (the S3 backend's)."""
+
+    def __init__(self, uri: ModelURI, store: ObjectStoreConfig | None):
+        self.uri = uri
+        self.store = store
+        self.deadline = StoreDeadline(store.timeout_s if store is not None else None)
+        from ray_stream_llm.stores import s3
+
+        self.client = s3.make_client(store, self.deadline)
+
+    def listing(self) -> dict[str, Any]:
+        impl = stores.backend(self.uri.scheme)
+        return {o.path: o for o in impl.list_objects(self.client, self.uri)}
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        from botocore import exceptions as bexc
+
+        from ray_stream_llm.stores import s3
+
+        try:
+            return fn(*args, **kwargs)
+        except (bexc.BotoCoreError, bexc.ClientError) as exc:
+            raise s3.translate(exc, self.uri, self.client, what) from None
+
+    def put_json(self, name: str, value: dict[str, Any]) -> None:
+        body = json.dumps(value, indent=1, sort_keys=True).encode()
+        self._call(
+            f"writing {name!r} to",
+            self.client.put_object,
+            Bucket=self.uri.bucket,
+            Key=self.uri.key(name),
+            Body=body,
+        )
+
+    def delete(self, name: str) -> None:
+        self._call(
+            f"deleting {name!r} of",
+            self.client.delete_object,
+            Bucket=self.uri.bucket,
+            Key=self.uri.key(name),
+        )
+
+    def sha256_of(self, name: str) -> str | None:
+        from botocore import exceptions as bexc
+
+        try:
+            head = self.client.head_object(Bucket=self.uri.bucket, Key=self.uri.key(name))
+        except bexc.ClientError:
+            return None
+        return str(head.get("Metadata", {}).get("sha256") or "") or None
+
+    def upload(self, local: Path, name: str, sha256: str) -> None:
+        self._call(
+            f"uploading {name!r} to",
+            self.client.upload_file,
+            str(local),
+            self.uri.bucket,
+            self.uri.key(name),
+            ExtraArgs={"Metadata": {"sha256": sha256}},
+        )
+
+
+def _identity(
+    source: ModelURI, etags: dict[str, str], tp: int, max_part_bytes: int | None
+) -> dict[str, Any]:
+    return {
+        "source": str(source),
+        "source_weights": etags,
+        "tensor_parallel_size": tp,
+        "pattern": "model-rank-{rank}-part-{part}.safetensors",
+        "max_part_bytes": max_part_bytes,
+    }
+
+
+def _same_run(marker: dict[str, Any], identity: dict[str, Any]) -> bool:
+    return all(marker.get(k) == v for k, v in identity.items())
+
+
+def _describe(marker: dict[str, Any]) -> str:
+    return f"{marker.get('source')!r} at tensor_parallel_size={marker.get('tensor_parallel_size')}"
+
+
+def _complete(marker: dict[str, Any], listing: dict[str, Any]) -> bool:
+    return all(
+        f.get("path") in listing and listing[f["path"]].size == f.get("size")
+        for f in marker.get("files", [])
+    ) and bool(marker.get("files"))
+
+
+def shard_model(
+    model_uri: str,
+    tensor_parallel_size: int,
+    output_uri: str,
+    *,
+    object_store: ObjectStoreConfig | None = None,
+    engine_kwargs: dict[str, Any] | None = None,
+    max_part_bytes: int | None = None,
+    stage_dir: str | os.PathLike[str] = DEFAULT_STAGE,
+    log: Callable[[str], None] = lambda _msg: None,
+) -> ShardResult:
+    """Write the model at ``model_uri`` to ``output_uri`` as a pre-sharded checkpoint for
+    ``tensor_parallel_size`` ranks (see the module's docstring). Runs a vLLM engine with
+    ``tensor_parallel_size`` workers on this node (``engine_kwargs`` are added to the
+    writer's own). Raises the typed errors of :func:`ray_stream_llm.inspect_model` for the
+    source, :class:`~ray_stream_llm.errors.ShardOutputConflictError` for an output that holds
+    something else, :class:`~ray_stream_llm.errors.InvalidSettingError` for a stage
+    directory that is not memory-backed.
+    """
+    begin = time.perf_counter()
+    if isinstance(tensor_parallel_size, bool) or not isinstance(tensor_parallel_size, int):
+        raise InvalidSettingError(
+            f"tensor_parallel_size must be a positive integer, got {tensor_parallel_size!r}"
+        )
+    if tensor_parallel_size < 1:
+        raise InvalidSettingError(
+            f"tensor_parallel_size must be a positive integer, got {tensor_parallel_size}"
+        )
+    if max_part_bytes is not None and max_part_bytes < 1:
+        raise InvalidSettingError(f"max_part_bytes must be positive, got {max_part_bytes}")
+    source, output = parse_model_uri(model_uri), parse_model_uri(output_uri)
+    if output.scheme != "s3":
+        raise InvalidModelURIError(
+            f"output {str(output)!r}: vLLM's runai_streamer_sharded loader finds rank files "
+            "only under s3:// prefixes (S3 or an S3-compatible store); write the sharded "
+            "checkpoint to an s3:// URI"
+        )
+    same_store = source.scheme == output.scheme and source.bucket == output.bucket
+    if same_store and (
+        source.prefix.startswith(output.prefix) or output.prefix.startswith(source.prefix)
+    ):
+        raise InvalidModelURIError(
+            f"output {str(output)!r} and the model {str(source)!r} overlap; write the sharded "
+            "checkpoint to a prefix of its own, e.g. "
+            f"s3://{output.bucket}/{source.prefix.rstrip('/')}-tp{tensor_parallel_size}/"
+        )
+    manifest = inspect_model(str(source), object_store=object_store)
+    manifest.raise_if_not_streamable()
+    weights = [f for f in manifest.files if f.role is FileRole.STREAMABLE_WEIGHTS]
+    etags = _source_etags(source, object_store)
+    identity = _identity(source, etags, tensor_parallel_size, max_part_bytes)
+    out = _Output(output, object_store)
+    listing = out.listing()
+    result = ShardResult(
+        output=str(output),
+        tensor_parallel_size=tensor_parallel_size,
+        files=[],
+        metadata=[],
+        uploaded=[],
+        already_complete=False,
+        loaded=False,
+        load_seconds=0.0,
+        save_seconds=0.0,
+        upload_seconds=0.0,
+        total_seconds=0.0,
+        stage_dir=None,
+        staged_peak_bytes=0,
+    )
+    marker: dict[str, Any] | None = None
+    if SHARD_DONE_MARKER in listing:
+        done = read_shard_marker(out.client, output, listing[SHARD_DONE_MARKER], out.deadline)
+        if not _same_run(done, identity):
+            raise ShardOutputConflictError(
+                f"{str(output)!r} already holds a sharded checkpoint of {_describe(done)}; "
+                "write to another prefix, or delete this one first"
+            )
+        if _complete(done, listing):
+            log(f"{output} is already complete ({SHARD_DONE_MARKER}): nothing to do")
+            result.files, result.metadata = done["files"], list(done.get("metadata", []))
+            result.already_complete = True
+            result.total_seconds = time.perf_counter() - begin
+            return result
+        marker = done  # a file it lists was removed: write it again
+    elif SHARD_PARTIAL_MARKER in listing:
+        marker = read_shard_marker(out.client, output, listing[SHARD_PARTIAL_MARKER], out.deadline)
+        if not _same_run(marker, identity):
+            raise ShardOutputConflictError(
+                f"{str(output)!r} holds a partial sharded checkpoint of {_describe(marker)}; "
+                "run that command again to finish it, or delete the prefix"
+            )
+        log(f"resuming the partial output at {output}")
+    elif listing:
+        names = sorted(listing)
+        raise ShardOutputConflictError(
+            f"{str(output)!r} holds {len(names)} object(s) that `ray-stream-llm shard` did "
+            f"not write ({', '.join(names[:5])}); write to an empty prefix"
+        )
+    need = int(manifest.weight_bytes * 1.25) + (64 << 20)
+    _check_stage(Path(stage_dir), need)  # before anything is written
+    out.put_json(SHARD_PARTIAL_MARKER, {**(marker or {}), **identity, "version": MARKER_VERSION})
+
+    from ray_stream_llm.fetch import fetch_model_metadata
+
+    meta_dir = fetch_model_metadata(str(source), object_store=object_store)
+    metadata = sorted(
+        p
+        for p in manifest.paths(FileRole.METADATA)
+        if p != SAFETENSORS_INDEX and (meta_dir / p).is_file()
+    )
+    upload_start = time.perf_counter()
+    for name in metadata:
+        _upload_once(out, meta_dir / name, name, listing, result)
+    result.metadata = metadata
+    result.upload_seconds += time.perf_counter() - upload_start
+
+    files: list[dict[str, Any]] = list((marker or {}).get("files", []))
+    if files and all(_is_there(out, f, listing) for f in files):
+        log("every rank file is already in the output: not loading the model")
+    else:
+        files = _save_and_upload(
+            source,
+            meta_dir,
+            out,
+            listing,
+            identity,
+            result,
+            engine_kwargs=engine_kwargs,
+            max_part_bytes=max_part_bytes,
+            stage=Path(stage_dir),
+            need=need,
+            source_bytes=manifest.weight_bytes,
+            object_store=object_store,
+            log=log,
+        )
+    result.files = files
+    done_marker = {
+        **identity,
+        "version": MARKER_VERSION,
+        "files": files,
+        "metadata": metadata,
+        "written_at": time.time(),
+        "source_weight_bytes": sum(f.size for f in weights),
+    }
+    out.put_json(SHARD_DONE_MARKER, done_marker)  # last: the checkpoint is complete
+    out.delete(SHARD_PARTIAL_MARKER)
+    result.total_seconds = time.perf_counter() - begin
+    return result
+
+
+def _source_etags(source: ModelURI, store: ObjectStoreConfig | None) -> dict[str, str]:
+    from ray_stream_llm.patterns import classify
+
+    _, listing = stores.list_model(source, store)
+    return {
+        o.path: o.etag
+        for o in sorted(listing, key=lambda o: o.path)
+        if classify(o.path) is FileRole.STREAMABLE_WEIGHTS
+    }
+
+
+def _is_there(out: _Output, entry: dict[str, Any], listing: dict[str, Any]) -> bool:
+    found = listing.get(entry["path"])
+    return (
+        found is not None
+        and found.size == entry["size"]
+        and out.sha256_of(entry["path"]) == entry["sha256"]
+    )
+
+
+def _upload_once(
+    out: _Output, local: Path, name: str, listing: dict[str, Any], result: ShardResult
+) -> str:
+    sha = _sha256(local)
+    found = listing.get(name)
+    if found is not None and found.size == local.stat().st_size and out.sha256_of(name) == sha:
+        return sha
+    out.upload(local, name, sha)
+    result.uploaded.append(name)
+    return sha
+
+
+def _writer_kwargs(
+    meta_dir: Path, source: ModelURI, tp: int, engine_kwargs: dict[str, Any] | None
+) -> dict[str, Any]:
+    from ray_stream_llm.integrations.compat import vllm_is_cpu_build
+
+    cpu = vllm_is_cpu_build()
+    kwargs: dict[str, Any] = {
+        **WRITER_KWARGS,
+        **(CPU_WRITER_KWARGS if cpu else {}),
+        **(engine_kwargs or {}),
+        "model": str(meta_dir),
+        "model_weights": str(source),
+        "load_format": "runai_streamer",
+        "tensor_parallel_size": tp,
+    }
+    if tp > 1:
+        kwargs.setdefault("distributed_executor_backend", "mp")  # workers on this node
+    return kwargs
+
+
+def _save_and_upload(
+    source: ModelURI,
+    meta_dir: Path,
+    out: _Output,
+    listing: dict[str, Any],
+    identity: dict[str, Any],
+    result: ShardResult,
+    *,
+    engine_kwargs: dict[str, Any] | None,
+    max_part_bytes: int | None,
+    stage: Path,
+    need: int,
+    source_bytes: int,
+    object_store: ObjectStoreConfig | None,
+    log: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    from ray_stream_llm.integrations.compat import vllm_is_cpu_build
+    from ray_stream_llm.integrations.vllm_plugin import save_sharded_checkpoint
+    from ray_stream_llm.tools.isolated import LOCAL_ENV
+
+    tp = int(identity["tensor_parallel_size"])
+    _check_stage(stage, need)
+    _remove_stale_stages(stage)
+    private = Path(tempfile.mkdtemp(prefix=f"{STAGE_PREFIX}{os.getpid()}-", dir=stage))
+    result.stage_dir = str(private)
+    settings = derive_settings(object_store)
+    env = {**settings.env}
+    if vllm_is_cpu_build() and tp > 1:
+        # vLLM's CPU build binds each rank's OpenMP threads to a NUMA node of its own by
+        # default, and refuses TP > NUMA nodes; the ranks then share the cores.
+        env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    saved_env = {k: os.environ.get(k) for k in (*env, *LOCAL_ENV)}
+    try:
+        for key, value in LOCAL_ENV.items():
+            os.environ.setdefault(key, value)
+        os.environ.update(env)
+        kwargs = _writer_kwargs(meta_dir, source, tp, engine_kwargs)
+        log(f"loading {source} at tensor_parallel_size={tp} (streamed) to save its ranks")
+        result.load_seconds, result.save_seconds = save_sharded_checkpoint(
+            kwargs, str(private), max_part_bytes
+        )
+        result.loaded = True
+        staged = sorted(private.glob("model-rank-*-part-*.safetensors"))
+        result.staged_peak_bytes = sum(p.stat().st_size for p in staged)
+        ranks = {int(p.name.split("-")[2]) for p in staged}
+        if ranks != set(range(tp)):
+            raise ShardWriteError(
+                f"vLLM saved files for ranks {sorted(ranks)}, not for the {tp} ranks asked; "
+                "check that the engine started with tensor_parallel_size="
+                f"{tp} (engine_kwargs must not override it)"
+            )
+        if result.staged_peak_bytes < MIN_SAVED_SHARE * source_bytes:
+            raise ShardWriteError(
+                f"vLLM saved {result.staged_peak_bytes} bytes of rank files for "
+                f"{source_bytes} bytes of weights in {source}: weights were lost in the "
+                "save (an engine whose layers repacked their weights after loading, "
+                "e.g. a quantization or a CPU kernel); nothing was marked complete"
+            )
+        files: list[dict[str, Any]] = []
+        for path in staged:
+            files.append(
+                {
+                    "path": path.name,
+                    "size": path.stat().st_size,
+                    "sha256": _sha256(path),
+                    "rank": int(path.name.split("-")[2]),
+                }
+            )
+        # before any rank file is sent: a resumed run knows every file and its digest
+        out.put_json(SHARD_PARTIAL_MARKER, {**identity, "version": MARKER_VERSION, "files": files})
+        upload_start = time.perf_counter()
+        for entry, path in zip(files, staged, strict=True):
+            found = listing.get(entry["path"])
+            if not (
+                found is not None
+                and found.size == entry["size"]
+                and out.sha256_of(entry["path"]) == entry["sha256"]
+            ):
+                out.upload(path, entry["path"], entry["sha256"])
+                result.uploaded.append(entry["path"])
+            path.unlink()  # out of memory as soon as it is in the store
+        result.upload_seconds += time.perf_counter() - upload_start
+        log(f"uploaded {len(files)} rank files to {out.uri}")
+        return files
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+        for key, old in saved_env.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
