@@ -1,4 +1,5 @@
 # ray-stream-llm: make demo | make test | make bench | make setup | make lint typecheck test-fast
+# make test = lint typecheck test-main (Ray 2.60, the whole suite) test-compat (Ray 2.48.0, 2.54.1)
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
@@ -15,7 +16,7 @@ CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/nul
 PYTEST := $(PY) -m pytest
 FAST := -m "not s3 and not gcs and not azure and not e2e"
 
-.PHONY: setup setup-compat demo test test-compat test-fast lint format typecheck bench clean
+.PHONY: setup setup-compat demo test test-main test-compat test-fast lint format typecheck bench clean
 
 setup: $(STAMP)
 
@@ -64,7 +65,10 @@ AZURITE := $(VENV)/azurite/node_modules/.bin/azurite-blob
 $(AZURITE):
 	npm install --silent --no-audit --no-fund --prefix $(VENV)/azurite azurite@3.35.0
 
-test: setup $(AZURITE)
+# Everything CI runs: the quality gate, the whole suite on Ray 2.60, the older Rays' contract tests.
+test: lint typecheck test-main test-compat
+
+test-main: setup $(AZURITE)
 	$(PYTEST) -m "not compat"
 
 # The contract tests in each older tested Ray's environment; on Ray 2.48.0 also the

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import ray
+import ray.data.llm
 from ray.data.llm import vLLMEngineProcessorConfig
 
 from ray_stream_llm import StreamingvLLMEngineProcessorConfig, build_llm_processor
@@ -73,7 +74,7 @@ def _graph(processor: Any) -> dict[str, Any]:
             "map_batches_kwargs": _comparable(stage.map_batches_kwargs),
         }
     for attr in ("preprocess_map_kwargs", "postprocess_map_kwargs"):
-        stages[attr] = _comparable(getattr(processor, attr, None))
+        stages[attr] = _comparable(getattr(processor, attr, None) or {})
     return stages
 
 
@@ -164,3 +165,41 @@ def test_small_cluster_defaults_on_applies_them_on_a_large_cluster(large_cluster
     theirs, ours, processor = _build_both(model_dir, {"small_cluster_defaults": "on"})
     assert ours != theirs
     assert not _engine(processor).get("num_gpus")
+
+
+@pytest.mark.s3
+def test_a_streamed_build_swaps_every_model_stage_and_delivers_the_settings(
+    small_cluster, s3_server, tiny_models, monkeypatch, tmp_path
+):
+    """The streamed graph on this Ray: each stage that reads the model runs this library's
+    subclass with the URI, the engine streams, and the store's settings reach every stage
+    (secrets only in the UDFs' arguments)."""
+    from ray_stream_llm.integrations.compat import MODEL_FREE_UDFS
+    from ray_stream_llm.stores.settings import ObjectStoreConfig
+
+    monkeypatch.setenv("RAY_STREAM_LLM_CACHE", str(tmp_path / "cache"))
+    uri = tiny_models["single"].uri
+    store = ObjectStoreConfig(
+        endpoint_url=s3_server.endpoint_url,
+        aws_access_key_id=s3_server.access_key_id,
+        aws_secret_access_key=s3_server.secret_access_key,
+    )
+    config = StreamingvLLMEngineProcessorConfig(
+        model_source=uri, engine_kwargs={"load_format": "runai_streamer"}, object_store=store
+    )
+    builders = [build_llm_processor]
+    if hasattr(ray.data.llm, "build_processor"):
+        builders.append(ray.data.llm.build_processor)
+    for build in builders:
+        processor = build(config, preprocess=lambda row: row)
+        model_stages = [s for s in processor.stages.values() if s.fn not in MODEL_FREE_UDFS]
+        assert model_stages
+        for stage in model_stages:
+            assert stage.fn.__name__.startswith("Streaming"), stage.fn
+            assert stage.fn_constructor_kwargs["stream"] is True
+            env = stage.map_batches_kwargs["runtime_env"]["env_vars"]
+            assert env["AWS_ENDPOINT_URL"] == s3_server.endpoint_url
+            assert s3_server.secret_access_key not in repr(stage.map_batches_kwargs)
+        [engine] = [s for s in model_stages if "Engine" in s.fn.__name__]
+        assert engine.fn_constructor_kwargs["model"].rstrip("/") == uri.rstrip("/")
+        assert engine.fn_constructor_kwargs["engine_kwargs"]["load_format"] == "runai_streamer"

@@ -9,7 +9,8 @@ version tables; the only version test is the supported range itself
 - Ray up to 2.52 builds a multimodal stage with ``PrepareImageUDF`` (no model); Ray
   2.53 on with ``PrepareMultimodalUDF`` (model config).
 - Ray's builder takes ``preprocess_map_kwargs``/``postprocess_map_kwargs``, and
-  ``ray.data.llm`` has ``build_processor``, from 2.53 on.
+  ``ray.data.llm`` has ``build_processor``, from 2.53 on; before, the processor
+  applies them itself (:class:`_MapKwargsProcessor`).
 - The config has ``placement_group_config`` from 2.50 on, per-stage configs
   (``chat_template_stage``...) from 2.53 on; Ray 2.48 has flat flags and
   ``resources_per_bundle``.
@@ -71,13 +72,45 @@ def vllm_is_cpu_build() -> bool:
     return True
 
 
-def ray_builds_with(config: Any, preprocess: Any, postprocess: Any, **map_kwargs: Any) -> Any:
-    """Ray's ``build_vllm_engine_processor`` with the map kwargs this Ray takes."""
+def ray_builds_with(
+    config: Any,
+    preprocess: Any = None,
+    postprocess: Any = None,
+    preprocess_map_kwargs: dict[str, Any] | None = None,
+    postprocess_map_kwargs: dict[str, Any] | None = None,
+) -> Any:
+    """Ray's ``build_vllm_engine_processor``; the map kwargs passed to a Ray that takes
+    them, else kept on a processor that applies them (:class:`_MapKwargsProcessor`)."""
+    maps = {
+        "preprocess_map_kwargs": preprocess_map_kwargs,
+        "postprocess_map_kwargs": postprocess_map_kwargs,
+    }
     if BUILDER_TAKES_MAP_KWARGS:
         return build_vllm_engine_processor(
-            config, preprocess=preprocess, postprocess=postprocess, **map_kwargs
+            config, preprocess=preprocess, postprocess=postprocess, **maps
         )
-    return build_vllm_engine_processor(config, preprocess=preprocess, postprocess=postprocess)
+    processor = build_vllm_engine_processor(config, preprocess=preprocess, postprocess=postprocess)
+    processor.__class__ = _MapKwargsProcessor
+    for name, value in maps.items():
+        setattr(processor, name, dict(value or {}))
+    return processor
+
+
+class _MapKwargsProcessor(Processor):
+    """Ray 2.48-2.52's processor, whose pre/postprocess maps take Ray Data's defaults
+    (1 CPU a task), with the map kwargs of later Ray: the same three steps."""
+
+    preprocess_map_kwargs: dict[str, Any]
+    postprocess_map_kwargs: dict[str, Any]
+
+    def __call__(self, dataset: Any) -> Any:
+        dataset = dataset.map(self.preprocess, **self.preprocess_map_kwargs)
+        for stage in self.stages.values():
+            kwargs = stage.get_dataset_map_batches_kwargs(
+                batch_size=self.config.batch_size, data_column=self.DATA_COLUMN
+            )
+            dataset = dataset.map_batches(stage.fn, **kwargs)
+        return dataset.map(self.postprocess, **self.postprocess_map_kwargs)
 
 
 @functools.cache

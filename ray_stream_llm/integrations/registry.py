@@ -68,25 +68,28 @@ def build_llm_processor(
 ) -> Processor:
     """Build a processor on every supported Ray: the name Ray used up to 2.55, with the
     arguments of ``ray.data.llm.build_processor`` (which it calls where Ray has it; Ray
-    2.48's builder takes no map kwargs, and says so).
+    2.48's ``ProcessorBuilder`` otherwise).
 
     >>> processor = build_llm_processor(config, preprocess=pre, postprocess=post)  # doctest: +SKIP
     >>> ds = processor(ray.data.from_items([{"question": "What is 2+2?"}]))  # doctest: +SKIP
     """
     build_processor = getattr(ray.data.llm, "build_processor", None)
     if build_processor is None:  # Ray 2.48-2.52: ray.data.llm.build_llm_processor only
-        given = {
-            "preprocess_map_kwargs": preprocess_map_kwargs,
-            "postprocess_map_kwargs": postprocess_map_kwargs,
+        maps = {
+            name: value
+            for name, value in (
+                ("preprocess_map_kwargs", preprocess_map_kwargs),
+                ("postprocess_map_kwargs", postprocess_map_kwargs),
+            )
+            if value is not None
         }
-        unsupported = sorted(name for name, value in given.items() if value)
-        if unsupported:
+        if maps and not isinstance(config, StreamingvLLMEngineProcessorConfig):
             raise UnsupportedRayError(
-                f"{', '.join(unsupported)} need ray.data.llm.build_processor, which ray "
-                f"{ray.__version__} does not have; drop them or use ray>=2.53"
+                f"{', '.join(maps)}: ray {ray.__version__}'s own processor takes none; use "
+                "StreamingvLLMEngineProcessorConfig (which applies them) or ray>=2.53"
             )
         return ProcessorBuilder.build(
-            config, preprocess=preprocess, postprocess=postprocess, **(builder_kwargs or {})
+            config, preprocess=preprocess, postprocess=postprocess, **maps, **(builder_kwargs or {})
         )
     return build_processor(
         config,
