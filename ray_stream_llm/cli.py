@@ -181,9 +181,13 @@ def shard(
 
     Example: ray-stream-llm shard s3://models/llama-70b/ --tensor-parallel-size 8 --output s3://models/llama-70b-tp8/
     """
+    import os
+
     from ray_stream_llm.errors import InvalidSettingError
     from ray_stream_llm.tools.shard import shard_model
 
+    # stdout is the result (--json): vLLM's log lines go to stderr, with the progress
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     extra = None
     if engine_kwargs:
         try:

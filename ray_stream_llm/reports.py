@@ -31,12 +31,16 @@ GIB = 1 << 30
 class LoadReport:
     """The start of one vLLM engine in one Ray actor.
 
-    ``weight_bytes`` is the size of the safetensors objects the engine's streamer
-    read from the store (what the store served); ``streamed_tensor_bytes`` the
-    tensor bytes the streamer delivered to vLLM (the objects less their JSON
-    headers). The stream figures are ``None`` when they could not be measured:
-    the engine did not stream, its workers are other Ray actors (Ray executor,
-    tensor or pipeline parallel), or ``VLLM_PLUGINS`` excludes this library's plugin.
+    ``weight_bytes`` is the size of the safetensors objects the engine's streamers
+    read from the store (what the store served), summed over the engine's processes:
+    a tensor-parallel engine with ``runai_streamer`` reads every object once per rank
+    (TP=2: twice the model), with ``runai_streamer_sharded`` each rank reads its own
+    files (once the model); ``streamed_tensor_bytes`` the tensor bytes the streamers
+    delivered to vLLM (the objects less their JSON headers). ``ranks`` has one entry per
+    streaming process: its tensor-parallel ``rank``, ``pid``, ``files``, ``weight_bytes``,
+    ``tensor_bytes`` and ``seconds``. The stream figures are ``None`` when they could not
+    be measured: the engine did not stream, its workers are Ray actors on another node
+    than the engine actor, or ``VLLM_PLUGINS`` excludes this library's plugin.
     """
 
     model: str
@@ -60,6 +64,7 @@ class LoadReport:
     weight_wait_seconds: float | None = None  # waiting for the node's pull, while streaming
     pull_hidden_seconds: float | None = None  # of the node's pull, before this engine streamed
     pull_bytes: int | None = None  # what the node's one pull read from the store
+    ranks: list[dict[str, Any]] | None = None  # per streaming process (rank): bytes, seconds
 
     @property
     def gib_per_s(self) -> float | None:
@@ -95,13 +100,24 @@ class LoadReport:
             f"Engine ready for {self.model} in {self.ready_seconds:.1f}s (attempt {self.attempt}): "
             f"metadata {self.metadata_files} files, {self.metadata_bytes} bytes in "
             f"{self.metadata_seconds:.2f}s ({where}); "
-            f"weights {stream}; streamer {settings}"
+            f"weights {stream}{self._per_rank()}; streamer {settings}"
         )
+
+    def _per_rank(self) -> str:
+        if not self.ranks or len(self.ranks) < 2:
+            return ""
+        each = ", ".join(
+            f"rank {r.get('rank')}: {r.get('files')} files, {r.get('weight_bytes')} bytes in "
+            f"{float(r.get('seconds') or 0):.2f}s"
+            for r in self.ranks
+        )
+        return f" ({each})"
 
 
 def stream_figures(sessions: list[dict[str, Any]], sizes: dict[str, int]) -> dict[str, Any]:
     """Files, object bytes, tensor bytes and seconds of the finished streaming sessions;
-    ``sizes`` maps each object's URI to its size in the store."""
+    ``sizes`` maps each object's URI to its size in the store. Object bytes count each
+    object once per process that read it (per tensor-parallel rank): what the store served."""
     done = [s for s in sessions if s.get("done")]
     if not done:
         return {
@@ -113,12 +129,39 @@ def stream_figures(sessions: list[dict[str, Any]], sizes: dict[str, int]) -> dic
     files = sorted({f for s in done for f in s["files"]})
     start = min(s["started"] for s in done)
     end = max(s["started"] + s["seconds"] for s in done)
+    ranks = rank_figures(done, sizes)
     return {
         "weight_files": len(files),
-        "weight_bytes": sum(sizes.get(f, 0) for f in files),
+        "weight_bytes": sum(r["weight_bytes"] for r in ranks),
         "streamed_tensor_bytes": sum(s["delivered_bytes"] for s in done),
         "stream_seconds": end - start,
     }
+
+
+def rank_figures(done: list[dict[str, Any]], sizes: dict[str, int]) -> list[dict[str, Any]]:
+    """One entry per process that streamed (a tensor-parallel rank), by rank then pid:
+    the objects it read (each counted once per process), their bytes, its seconds."""
+    by_process: dict[Any, list[dict[str, Any]]] = {}
+    for s in done:
+        by_process.setdefault(s.get("pid"), []).append(s)
+    out = []
+    for pid, group in by_process.items():
+        files = sorted({f for s in group for f in s["files"]})
+        begin = min(float(s["started"]) for s in group)
+        finish = max(float(s["started"]) + float(s["seconds"]) for s in group)
+        rank = next((s.get("rank") for s in group if s.get("rank") is not None), None)
+        out.append(
+            {
+                "rank": rank,
+                "pid": pid,
+                "files": len(files),
+                "weight_bytes": sum(sizes.get(f, 0) for f in files),
+                "tensor_bytes": sum(int(s["delivered_bytes"]) for s in group),
+                "seconds": finish - begin,
+                "objects": files,
+            }
+        )
+    return sorted(out, key=lambda r: (r["rank"] is None, r["rank"] or 0, str(r["pid"])))
 
 
 def build_report(
@@ -168,6 +211,7 @@ def build_report(
         weight_wait_seconds=waited,
         pull_hidden_seconds=hidden,
         pull_bytes=int(pull["bytes"]) if pull is not None else None,
+        ranks=rank_figures(done, sizes) if done else None,
         **stream_figures(sessions, sizes),
     )
 

@@ -77,6 +77,16 @@ def _record_metrics(report: LoadReport) -> None:
                 "Streaming throughput of the engine's last load, GiB/s",
                 tags,
             ),
+            rank_bytes=Counter(
+                "stream_llm_weight_bytes_streamed_by_rank",
+                "Bytes of safetensors objects one tensor-parallel rank streamed from the store",
+                (*tags, "rank"),
+            ),
+            rank_seconds=Gauge(
+                "stream_llm_weight_stream_seconds_by_rank",
+                "Seconds one tensor-parallel rank streamed, first request to last tensor",
+                (*tags, "rank"),
+            ),
         )
     values = {"model": report.model, "streamed": str(report.streamed).lower()}
     m = _metrics
@@ -93,6 +103,11 @@ def _record_metrics(report: LoadReport) -> None:
         m["stream_seconds"].set(report.stream_seconds, values)
     if report.gib_per_s is not None:
         m["gib_per_s"].set(report.gib_per_s, values)
+    for entry in report.ranks or ():
+        tagged = {**values, "rank": str(entry.get("rank"))}
+        if entry.get("weight_bytes"):
+            m["rank_bytes"].inc(entry["weight_bytes"], tagged)
+        m["rank_seconds"].set(float(entry.get("seconds") or 0.0), tagged)
 
 
 def _put(kind: str, job: str, node: str, pid: int, at: float, entry: dict[str, Any]) -> None:
