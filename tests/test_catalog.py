@@ -110,6 +110,11 @@ def _pre_sharded(root: Path):
         (root / f"model-rank-{rank}-part-0.safetensors").write_bytes(data)
 
 
+def _partial_shard_output(root: Path):
+    _pre_sharded(root)
+    (root / "ray-stream-llm-shard.partial").write_text('{"tensor_parallel_size": 2}')
+
+
 def _write(name: str, data: str | bytes):
     def edit(root: Path):
         path = root / name
@@ -317,10 +322,19 @@ CASES = [
     Case(
         "sharded-tp-mismatch",
         "`runai_streamer_sharded` files for 2 ranks, tensor_parallel_size=4",
-        errors.NotStreamableError,
-        "tensor_parallel_size is 4",
+        errors.TensorParallelMismatchError,
+        "ranks [0, 1], but tensor_parallel_size is 4",
         prepare=_variant("single", _pre_sharded),
         engine_kwargs={"load_format": "runai_streamer_sharded", "tensor_parallel_size": 4},
+    ),
+    Case(
+        "sharded-partial-output",
+        "a `ray-stream-llm shard` output its writer did not finish (the partial marker, no "
+        "completion marker)",
+        errors.IncompleteShardedCheckpointError,
+        "is a partial output of `ray-stream-llm shard`",
+        prepare=_variant("single", _partial_shard_output),
+        engine_kwargs={"load_format": "runai_streamer_sharded", "tensor_parallel_size": 2},
     ),
     Case(
         "sharded-plain-checkpoint",
