@@ -447,3 +447,62 @@ def test_load_report_per_rank_figures():
         actor_settings={},
     )
     assert twice.weight_files == 1 and twice.weight_bytes == 600  # every rank read it all
+
+
+@pytest.mark.e2e
+def test_a_tp_size_the_model_cannot_take_is_a_typed_error(s3_server, tiny_models, s3_env):
+    """The tiny model has 4 attention heads: vLLM refuses TP=3 when the engine is built; the
+    writer raises EngineStartError quoting it, and the output stays partial (refused)."""
+    from ray_stream_llm.errors import EngineStartError
+
+    output = f"s3://{BUCKET}/tiny/shard-test-{uuid.uuid4().hex[:8]}-tp3/"
+    shm_before = _shm_entries()
+    with pytest.raises(EngineStartError) as info:
+        shard_model(tiny_models["single"].uri, 3, output)
+    message = str(info.value)
+    assert "tensor_parallel_size=3" in message and "divisible" in message, message
+    assert s3_server.secret_access_key not in message
+    with pytest.raises(IncompleteShardedCheckpointError):
+        inspect_model(output, tensor_parallel_size=3)
+    assert {n for n in _shm_entries() - shm_before if n.startswith(("rsl-", "vllm_"))} == set()
+
+
+@pytest.mark.e2e
+def test_smollm2_at_tp3_side_by_side(s3_server, smollm2, work, s3_env):
+    """The real demo model (SmolLM2-135M: 9 attention heads, 3 KV heads, so TP=2 is not
+    possible on any device; TP=3 is the closest): sharded by the command, then the same
+    TP=3 job with both formats. The store serves 3.0x the model to runai_streamer and
+    1.0x to runai_streamer_sharded, each rank its own file once; the answers agree."""
+    from ray_stream_llm.tools.shard_bench import side_by_side, summary
+
+    output = f"s3://{BUCKET}/smollm2-tp3-{uuid.uuid4().hex[:8]}/"
+    result, _, _ = _run_shard(
+        s3_server, work / "shard", smollm2.uri, "--tensor-parallel-size", "3", "--output", output
+    )
+    assert sorted(f["rank"] for f in result["files"]) == [0, 1, 2]
+    assert inspect_model(output, tensor_parallel_size=3).streamable
+    source = {k: v for k, v in _keys(s3_server, "smollm2/").items() if k.endswith(".safetensors")}
+    jobs = side_by_side(
+        smollm2.uri,
+        output,
+        3,
+        work / "jobs",
+        env=s3_server.env(),
+        engine_kwargs={"kv_cache_memory_bytes": 256 << 20},
+        num_cpus=5,
+        prompts=["What is 2+2?", "Name three primary colors."],
+    )
+    rows = summary(jobs, sum(source.values()))
+    print(json.dumps(rows, indent=1))
+    plain, sharded = jobs["jobs"]["runai_streamer"], jobs["jobs"]["runai_streamer_sharded"]
+    assert plain["rows"] == sharded["rows"] == 2
+    assert sharded["answers"] == plain["answers"]
+    assert plain["store_weight_get_bytes"] == {f"smollm2/{k}": 3 * v for k, v in source.items()}
+    prefix = output[len(f"s3://{BUCKET}/") :]
+    assert sharded["store_weight_get_bytes"] == {
+        prefix + f["path"]: f["size"] for f in result["files"]
+    }
+    [report] = sharded["load_reports"]
+    assert [(r["rank"], r["objects"]) for r in report["ranks"]] == [
+        (rank, [f"{output}model-rank-{rank}-part-0.safetensors"]) for rank in range(3)
+    ]

@@ -42,8 +42,10 @@ from typing import Any
 
 from ray_stream_llm import stores
 from ray_stream_llm.errors import (
+    EngineStartError,
     InvalidModelURIError,
     InvalidSettingError,
+    RayStreamLLMError,
     ShardOutputConflictError,
     ShardWriteError,
     WeightSharingError,
@@ -500,9 +502,20 @@ def _save_and_upload(
         os.environ.update(env)
         kwargs = _writer_kwargs(meta_dir, source, tp, engine_kwargs)
         log(f"loading {source} at tensor_parallel_size={tp} (streamed) to save its ranks")
-        result.load_seconds, result.save_seconds = save_sharded_checkpoint(
-            kwargs, str(private), max_part_bytes
-        )
+        try:
+            result.load_seconds, result.save_seconds = save_sharded_checkpoint(
+                kwargs, str(private), max_part_bytes
+            )
+        except RayStreamLLMError:
+            raise
+        except Exception as exc:  # vLLM's own (a setting, the model, memory)
+            cause = str(exc).strip().splitlines()
+            raise EngineStartError(
+                f"the vLLM engine that saves {source} at tensor_parallel_size={tp} failed: "
+                f"{type(exc).__name__}: {' '.join(cause[:3])[:600]}; fix the engine settings "
+                "(--engine-kwargs) or the TP size (the model's attention heads must divide "
+                f"by it); the output's partial marker stays, run the command again to resume"
+            ) from exc
         result.loaded = True
         staged = sorted(private.glob("model-rank-*-part-*.safetensors"))
         result.staged_peak_bytes = sum(p.stat().st_size for p in staged)
