@@ -97,6 +97,8 @@ def written(s3_server, tiny_models):
         "work": work,
         "start": start,
         "shm_new": {n for n in _shm_entries() - shm_before if n.startswith(("rsl-", "vllm_"))},
+        "rpc_left": sorted(str(p) for p in Path("/tmp").glob("rsl-shard-rpc-*"))
+        + sorted(str(p) for p in (work / "rpc").glob("*")),
     }
     shutil.rmtree(work, ignore_errors=True)
 
@@ -146,6 +148,8 @@ def test_shard_writes_each_rank_and_the_completion_marker_last(s3_server, writte
     assert not stage.exists()
     assert result["staged_peak_bytes"] == sum(f["size"] for f in result["files"])
     assert written["shm_new"] == set(), f"left in /dev/shm: {written['shm_new']}"
+    # the writer's engine kept its IPC sockets in a private directory, removed with it
+    assert written["rpc_left"] == [], written["rpc_left"]
 
 
 @pytest.mark.e2e
@@ -506,3 +510,33 @@ def test_smollm2_at_tp3_side_by_side(s3_server, smollm2, work, s3_env):
     assert [(r["rank"], r["objects"]) for r in report["ranks"]] == [
         (rank, [f"{output}model-rank-{rank}-part-0.safetensors"]) for rank in range(3)
     ]
+
+
+def test_shard_command_help_and_bad_input(tmp_path):
+    """`--help` has an example; bad input exits non-zero with the reason on its last line,
+    no traceback."""
+    import subprocess
+
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+
+    def cli(*args):
+        argv = [sys.executable, "-m", "ray_stream_llm.cli", "shard", *args]
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+
+    helped = cli("--help")
+    assert helped.returncode == 0 and "Example: ray-stream-llm shard " in helped.stdout
+    for args, fragment in [
+        (("s3://m/x/", "--tensor-parallel-size", "0", "--output", "s3://m/y/"), "0"),
+        (("s3://m/x/", "--tensor-parallel-size", "2", "--output", "gs://m/y/"), "s3://"),
+        (
+            (
+                *("s3://m/x/", "--tensor-parallel-size", "2", "--output", "s3://m/y/"),
+                "--engine-kwargs",
+                "[1]",
+            ),
+            "must be a JSON object",
+        ),
+    ]:
+        proc = cli(*args)
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert fragment in proc.stderr.strip().splitlines()[-1], proc.stderr  # the reason

@@ -271,20 +271,31 @@ def save_sharded_checkpoint(
     every rank: one node.
     """
     import gc
+    import shutil
+    import tempfile
 
     from vllm import LLM
 
     before = _cpu_segments()
-    previous = os.environ.get(SHARD_WRITER_ENV)
-    os.environ[SHARD_WRITER_ENV] = "1"  # the engine's processes inherit it (register)
+    # the engine's IPC sockets (vLLM leaves them in VLLM_RPC_BASE_PATH, /tmp by default) in
+    # a private short directory, removed with the engine
+    rpc = tempfile.mkdtemp(prefix="rsl-shard-rpc-", dir="/tmp")
+    changed = {SHARD_WRITER_ENV: "1", "VLLM_RPC_BASE_PATH": rpc}  # inherited (register)
+    previous = {name: os.environ.get(name) for name in changed}
+    os.environ.update(changed)
     start = time.perf_counter()
     try:
         llm = LLM(**engine_kwargs)
+    except BaseException:
+        shutil.rmtree(rpc, ignore_errors=True)
+        _remove_unmapped(_cpu_segments() - before)
+        raise
     finally:
-        if previous is None:
-            os.environ.pop(SHARD_WRITER_ENV, None)
-        else:
-            os.environ[SHARD_WRITER_ENV] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     ready = time.perf_counter()
     try:
         llm.llm_engine.engine_core.save_sharded_state(
@@ -296,6 +307,7 @@ def save_sharded_checkpoint(
         del llm
         gc.collect()
         _remove_unmapped(_cpu_segments() - before)
+        shutil.rmtree(rpc, ignore_errors=True)
     return ready - start, saved - ready
 
 
