@@ -123,17 +123,30 @@ def _needs_v1_wrapper() -> bool:
     return "task" not in {f.name for f in dataclasses.fields(vllm.AsyncEngineArgs)}
 
 
+class _TokenizerProbe:
+    """The least a tokenizer has; no ``all_special_tokens_extended`` (as in transformers 5)."""
+
+    all_special_ids: tuple[int, ...] = ()
+    all_special_tokens: tuple[str, ...] = ()
+
+    def __len__(self) -> int:
+        return 0
+
+
 @functools.cache
 def _needs_tokenizer_cache() -> bool:
-    """Ray 2.48's tokenizer cache reads ``all_special_tokens_extended``: transformers 5 has
-    none."""
+    """Ray 2.48's tokenizer cache reads ``all_special_tokens_extended`` unguarded (later Ray
+    reads it with ``getattr``), and this transformers has none."""
     from ray.llm._internal.batch.stages import tokenize_stage
-
-    if not hasattr(tokenize_stage, "get_cached_tokenizer"):
-        return False
     from transformers import PreTrainedTokenizerBase
 
-    return not hasattr(PreTrainedTokenizerBase, "all_special_tokens_extended")
+    if hasattr(PreTrainedTokenizerBase, "all_special_tokens_extended"):
+        return False
+    try:
+        tokenize_stage.get_cached_tokenizer(_TokenizerProbe())
+    except AttributeError:
+        return True
+    return False
 
 
 def _cached_tokenizer(tokenizer: Any) -> Any:
