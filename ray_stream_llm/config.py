@@ -78,20 +78,31 @@ def streaming_load_format(engine_kwargs: dict[str, Any]) -> str | None:
     return None
 
 
-_LOADER_KEYS = ("distributed", "concurrency", "memory_limit")  # vLLM 0.29 runai loader
+_LOADER_KEYS = {  # what vLLM 0.29's loader of each format accepts
+    "runai_streamer": ("distributed", "concurrency", "memory_limit"),
+    "runai_streamer_sharded": ("pattern",),  # ShardedStateLoader refuses anything else
+}
 
 
-def check_loader_extra_config(extra: Any) -> None:
-    """Check ``model_loader_extra_config`` the way vLLM's runai loader does, on the driver."""
+def check_loader_extra_config(extra: Any, load_format: str = "runai_streamer") -> None:
+    """Check ``model_loader_extra_config`` the way vLLM's loader of ``load_format`` does, on
+    the driver."""
     if extra is None:
         return
     where = "engine_kwargs['model_loader_extra_config']"
     if not isinstance(extra, dict):
         raise InvalidSettingError(f"{where} must be a dict, got {extra!r}")
-    unknown = sorted(set(extra) - set(_LOADER_KEYS))
+    keys = _LOADER_KEYS[load_format]
+    unknown = sorted(set(extra) - set(keys))
     if unknown:
+        hint = (
+            "; streamer tuning reaches it through ObjectStoreConfig (RUNAI_STREAMER_* variables)"
+            if load_format == "runai_streamer_sharded"
+            else ""
+        )
         raise InvalidSettingError(
-            f"{where} has unknown key(s) {unknown}; the runai streamer accepts {list(_LOADER_KEYS)}"
+            f"{where} has unknown key(s) {unknown}; load_format {load_format!r} accepts "
+            f"{list(keys)}{hint}"
         )
     value = extra.get("concurrency")
     if "concurrency" in extra and (
@@ -128,7 +139,10 @@ class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
     preprocess/postprocess maps 0.1 CPU where you set no ``num_cpus``, and, with
     the CPU build of vLLM on a cluster without GPUs, each engine asks for CPUs
     only; an engine placement you set (``placement_group_config``,
-    ``resources_per_bundle``, ``accelerator_type``) is never replaced.
+    ``resources_per_bundle``, ``accelerator_type``) is never replaced. With the
+    CPU build and tensor or pipeline parallelism, the engine's workers run as its
+    processes (``distributed_executor_backend='mp'``; the CPU build has no Ray
+    executor) with ``VLLM_CPU_OMP_THREADS_BIND=nobind``, unless you set them.
 
     ``object_store`` sets the store once: the driver uses it directly, and the
     settings derived from it (endpoint, addressing, credentials, streamer tuning)
@@ -194,10 +208,19 @@ class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
     def check_streaming_source(self) -> None:
         """Raise a typed error for a misspelled streaming format, a malformed URI or
         streamer settings vLLM's runai loader would refuse inside the engine."""
-        if streaming_load_format(self.engine_kwargs):
+        load_format = streaming_load_format(self.engine_kwargs)
+        if load_format:
             if looks_like_uri(self.model_source):
-                parse_model_uri(self.model_source)
-            check_loader_extra_config(self.engine_kwargs.get("model_loader_extra_config"))
+                uri = parse_model_uri(self.model_source)
+                if load_format == "runai_streamer_sharded" and uri.scheme != "s3":
+                    raise UnsupportedLoadFormatError(
+                        f"load_format 'runai_streamer_sharded' finds rank files only under "
+                        f"s3:// (vLLM 0.29's ShardedStateLoader), not {uri.scheme}://; use "
+                        "'runai_streamer' for this model, or put the sharded checkpoint in S3"
+                    )
+            check_loader_extra_config(
+                self.engine_kwargs.get("model_loader_extra_config"), load_format
+            )
 
     @property
     def streams_from_object_store(self) -> bool:

@@ -320,6 +320,16 @@ CASES = [
         engine_kwargs={**STREAM, "model_loader_extra_config": {"threads": 8}},
     ),
     Case(
+        "sharded-tuning-key",
+        "`runai_streamer_sharded` with `model_loader_extra_config={'concurrency': 4}`",
+        errors.InvalidSettingError,
+        "load_format 'runai_streamer_sharded' accepts ['pattern']",
+        engine_kwargs={
+            "load_format": "runai_streamer_sharded",
+            "model_loader_extra_config": {"concurrency": 4},
+        },
+    ),
+    Case(
         "sharded-tp-mismatch",
         "`runai_streamer_sharded` files for 2 ranks, tensor_parallel_size=4",
         errors.TensorParallelMismatchError,

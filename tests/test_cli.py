@@ -36,7 +36,7 @@ def env(s3_server, tmp_path):
     }
 
 
-@pytest.mark.parametrize("command", ["inspect", "fetch-metadata", "run", "demo", "bench"])
+@pytest.mark.parametrize("command", ["inspect", "fetch-metadata", "run", "demo", "bench", "shard"])
 def test_help_has_an_example(command, env):
     proc = _cli([command, "--help"], env)
     assert proc.returncode == 0 and "Example: ray-stream-llm " + command in proc.stdout

@@ -233,3 +233,34 @@ def test_doctests():
     for module in (ray_stream_llm.patterns, ray_stream_llm.uri):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+def test_sharded_format_only_from_s3_and_only_its_pattern_key():
+    from ray_stream_llm.errors import InvalidSettingError, UnsupportedLoadFormatError
+
+    sharded = {"load_format": "runai_streamer_sharded"}
+    for uri in ("gs://models/m/", "az://models/m/"):
+        with pytest.raises(UnsupportedLoadFormatError) as err:
+            StreamingvLLMEngineProcessorConfig(model_source=uri, engine_kwargs=sharded)
+        assert "only under s3://" in str(err.value) and uri.split(":")[0] in str(err.value)
+    StreamingvLLMEngineProcessorConfig(
+        model_source="s3://models/m/",
+        engine_kwargs={**sharded, "model_loader_extra_config": {"pattern": "rank-{rank}.st"}},
+    )
+    with pytest.raises(InvalidSettingError, match=r"accepts \['pattern'\]"):
+        StreamingvLLMEngineProcessorConfig(
+            model_source="s3://models/m/",
+            engine_kwargs={**sharded, "model_loader_extra_config": {"memory_limit": 0}},
+        )
+
+
+def test_streamer_tuning_stays_out_of_the_sharded_loaders_config():
+    from ray_stream_llm.integrations.runtime_env import merge_engine_kwargs
+    from ray_stream_llm.stores.settings import ObjectStoreConfig, derive_settings
+
+    settings = derive_settings(ObjectStoreConfig(streamer_concurrency=4))
+    plain = merge_engine_kwargs({"load_format": "runai_streamer"}, settings)
+    assert plain["model_loader_extra_config"] == {"concurrency": 4}
+    sharded = merge_engine_kwargs({"load_format": "runai_streamer_sharded"}, settings)
+    assert "model_loader_extra_config" not in sharded
+    assert settings.env["RUNAI_STREAMER_CONCURRENCY"] == "4"  # the variable carries it

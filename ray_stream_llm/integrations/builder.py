@@ -13,6 +13,7 @@ reach every stage through its runtime_env (:mod:`.runtime_env`).
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import ray
@@ -188,6 +189,35 @@ def resolve_sharing(
     )
 
 
+_THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def _cpu_parallel_engine(
+    config: StreamingvLLMEngineProcessorConfig, updates: dict[str, Any]
+) -> None:
+    """vLLM's CPU build with tensor or pipeline parallelism: its workers are processes of
+    the engine actor (``distributed_executor_backend='mp'``; the CPU platform has no Ray
+    executor, which Ray picks for TP > 1), unless the config names a backend."""
+    engine_kwargs = dict(updates.get("engine_kwargs") or config.engine_kwargs)
+    engine_kwargs.setdefault("distributed_executor_backend", "mp")
+    updates["engine_kwargs"] = engine_kwargs
+
+
+def _unbound_cpu_threads(config: StreamingvLLMEngineProcessorConfig, processor: Processor) -> None:
+    """The CPU engine's workers unbound from NUMA nodes (vLLM's ``auto`` binding asks one
+    NUMA node per worker and refuses a node with fewer), unless the user set the binding."""
+    user_env: dict[str, Any] = {**((config.runtime_env or {}).get("env_vars") or {})}
+    if _THREADS_BIND in user_env or _THREADS_BIND in os.environ:
+        return
+    for name, stage in list(processor.stages.items()):
+        if _is_engine(stage):
+            kwargs = dict(stage.map_batches_kwargs)
+            runtime_env = dict(kwargs.get("runtime_env") or {})
+            env_vars = {**(runtime_env.get("env_vars") or {}), _THREADS_BIND: "nobind"}
+            kwargs["runtime_env"] = {**runtime_env, "env_vars": env_vars}
+            processor.stages[name] = stage.model_copy(update={"map_batches_kwargs": kwargs})
+
+
 def _build_ray_graph(
     config: StreamingvLLMEngineProcessorConfig,
     cluster: dict[str, float],
@@ -197,7 +227,12 @@ def _build_ray_graph(
     """Ray's own stage graph for ``config`` with ``updates``; the resource defaults applied
     only where the cluster needs them. Returns it and whether the engines run on CPUs."""
     engine_on_cpu = cpu_engines(config, cluster)
+    parallel_on_cpu = vllm_is_cpu_build() and _workers(config) > 1
+    if parallel_on_cpu:
+        _cpu_parallel_engine(config, updates)
     processor = ray_builds_with(config.model_copy(update=updates), **kwargs)
+    if parallel_on_cpu:
+        _unbound_cpu_threads(config, processor)
     if engine_on_cpu and not HAS_PLACEMENT_GROUP_CONFIG:
         _place_engines(config, processor)
     if small_cluster(config, processor, cluster, engine_on_cpu):

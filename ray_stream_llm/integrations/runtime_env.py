@@ -54,9 +54,12 @@ def merge_runtime_env(
 def merge_engine_kwargs(
     engine_kwargs: Mapping[str, Any], settings: StoreSettings
 ) -> dict[str, Any]:
-    """``engine_kwargs`` with the streamer tuning in ``model_loader_extra_config``."""
+    """``engine_kwargs`` with the streamer tuning in ``model_loader_extra_config``; for
+    ``runai_streamer_sharded`` (whose loader accepts only ``pattern`` there) the tuning
+    travels in the RUNAI_STREAMER_* variables alone."""
     merged = dict(engine_kwargs)
-    if not settings.model_loader_extra_config:
+    load_format = str(merged.get("load_format", "")).lower()
+    if not settings.model_loader_extra_config or load_format == "runai_streamer_sharded":
         return merged
     extra = dict(merged.get("model_loader_extra_config") or {})
     for key, value in settings.model_loader_extra_config.items():

@@ -119,17 +119,13 @@ def side_by_side(
     """Run the two jobs, one after the other, and return their figures: per format the
     rows, the answers, the store's GET bytes per object (local store), each engine's load
     report (per rank: files, bytes, seconds), and the weight phase seconds."""
-    from ray_stream_llm.integrations.compat import vllm_is_cpu_build
     from ray_stream_llm.tools.shard_proxy import ByteProxy
 
     env = dict(env if env is not None else {})
     endpoint = env.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL")
     port = _local_port(endpoint)
+    # On vLLM's CPU build the builder gives TP engines the 'mp' backend and unbound threads.
     kwargs = {**(engine_kwargs or {}), "tensor_parallel_size": tensor_parallel_size}
-    if vllm_is_cpu_build():
-        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # TP > NUMA nodes on CPU
-        # vLLM's CPU platform has no Ray device key: its Ray executor refuses to start
-        kwargs.setdefault("distributed_executor_backend", "mp")
     out: dict[str, Any] = {"tensor_parallel_size": tensor_parallel_size, "jobs": {}}
     cpu_env = {k: v for k, v in env.items() if k.startswith("VLLM_CPU")}
     for load_format, uri in zip(FORMATS, (source, sharded), strict=True):
