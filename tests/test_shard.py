@@ -472,6 +472,7 @@ def test_a_tp_size_the_model_cannot_take_is_a_typed_error(s3_server, tiny_models
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # about 8 minutes: make test-slow
 def test_smollm2_at_tp3_side_by_side(s3_server, smollm2, work, s3_env):
     """The real demo model (SmolLM2-135M: 9 attention heads, 3 KV heads, so TP=2 is not
     possible on any device; TP=3 is the closest): sharded by the command, then the same
