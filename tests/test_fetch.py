@@ -131,7 +131,8 @@ def test_default_dir_is_deterministic_and_ignores_trailing_slash(
         timeout=120,
     )
     assert other.returncode == 0, other.stderr[-2000:]
-    assert Path(other.stdout.strip()) == expected
+    # the last line: on Ray 2.54 importing Ray's config imports vLLM, which logs to stdout
+    assert Path(other.stdout.strip().splitlines()[-1]) == expected
 
     log = AccessLog(s3_server)
     first = fetch_model_metadata(with_slash)

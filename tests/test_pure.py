@@ -201,10 +201,11 @@ def _heavy_after(imports: str) -> set[str]:
         f"import sys\n{imports}\n"
         "heavy = [m for m in ('torch', 'vllm', 'runai_model_streamer', 'transformers') "
         "if m in sys.modules]\n"
-        "print(','.join(heavy))\n"
+        "print('heavy:' + ','.join(heavy))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return set(filter(None, out.stdout.strip().split(",")))
+    [line] = [x for x in out.stdout.splitlines() if x.startswith("heavy:")]  # vLLM logs too
+    return set(filter(None, line.removeprefix("heavy:").split(",")))
 
 
 def test_import_pulls_no_heavy_modules():
@@ -213,9 +214,9 @@ def test_import_pulls_no_heavy_modules():
         "from ray_stream_llm import StreamingvLLMEngineProcessorConfig, build_llm_processor, "
         "fetch_model_metadata"
     )
-    # Ray 2.48's own config module imports torch and transformers; Ray 2.60's none of them.
+    # Nothing beyond what Ray's own config module imports: on Ray 2.60 none of them; Ray
+    # 2.48's imports torch and transformers, Ray 2.54's vLLM (and with it the streamer) too.
     assert ours == _heavy_after("from ray.data.llm import vLLMEngineProcessorConfig")
-    assert "vllm" not in ours and "runai_model_streamer" not in ours
 
 
 def test_builder_registered_for_ray_build_processor():
