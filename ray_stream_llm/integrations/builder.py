@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -25,9 +26,9 @@ from ray_stream_llm.integrations.compat import (
     MODEL_FREE_UDFS,
     SUPPORTED_RAY,
     Processor,
-    check_ray_version,
     ray_builds_with,
     vllm_is_cpu_build,
+    vLLMEngineStageUDF,
 )
 from ray_stream_llm.integrations.node_weights import DEFAULT_BASE, Sharing
 from ray_stream_llm.integrations.runtime_env import deliver_env, scoped_env, store_updates
@@ -111,9 +112,18 @@ def _cpu_stage_needs(processor: Processor, engine_cpus: float, engines: int) -> 
 
 
 def _is_engine(stage: Any) -> bool:
-    from ray_stream_llm.integrations.compat import vLLMEngineStageUDF
-
     return issubclass(stage.fn, vLLMEngineStageUDF)
+
+
+def _update_engine_map_kwargs(
+    processor: Processor, change: Callable[[dict[str, Any]], dict[str, Any]]
+) -> None:
+    """The engine stage's ``map_batches`` kwargs replaced by ``change`` of a copy of them
+    (``model_copy``: assignment would re-run Ray's validator, see :func:`_swap_udfs`)."""
+    for name, stage in list(processor.stages.items()):
+        if _is_engine(stage):
+            kwargs = change(dict(stage.map_batches_kwargs))
+            processor.stages[name] = stage.model_copy(update={"map_batches_kwargs": kwargs})
 
 
 def small_cluster(
@@ -150,11 +160,13 @@ def _apply_small_defaults(processor: Processor) -> None:
 def _place_engines(config: StreamingvLLMEngineProcessorConfig, processor: Processor) -> None:
     """Ray 2.48 (no ``placement_group_config``): each engine asks for its workers' CPUs
     instead of GPUs."""
-    for name, stage in list(processor.stages.items()):
-        if _is_engine(stage):
-            kwargs = {k: v for k, v in stage.map_batches_kwargs.items() if k != "num_gpus"}
-            kwargs["num_cpus"] = _workers(config)
-            processor.stages[name] = stage.model_copy(update={"map_batches_kwargs": kwargs})
+    workers = _workers(config)
+
+    def on_cpus(kwargs: dict[str, Any]) -> dict[str, Any]:
+        kwargs.pop("num_gpus", None)
+        return {**kwargs, "num_cpus": workers}
+
+    _update_engine_map_kwargs(processor, on_cpus)
 
 
 def _engine_bundle(config: StreamingvLLMEngineProcessorConfig, updates: dict[str, Any]) -> dict:
@@ -209,13 +221,13 @@ def _unbound_cpu_threads(config: StreamingvLLMEngineProcessorConfig, processor: 
     user_env: dict[str, Any] = {**((config.runtime_env or {}).get("env_vars") or {})}
     if _THREADS_BIND in user_env or _THREADS_BIND in os.environ:
         return
-    for name, stage in list(processor.stages.items()):
-        if _is_engine(stage):
-            kwargs = dict(stage.map_batches_kwargs)
-            runtime_env = dict(kwargs.get("runtime_env") or {})
-            env_vars = {**(runtime_env.get("env_vars") or {}), _THREADS_BIND: "nobind"}
-            kwargs["runtime_env"] = {**runtime_env, "env_vars": env_vars}
-            processor.stages[name] = stage.model_copy(update={"map_batches_kwargs": kwargs})
+
+    def unbound(kwargs: dict[str, Any]) -> dict[str, Any]:
+        runtime_env = dict(kwargs.get("runtime_env") or {})
+        env_vars = {**(runtime_env.get("env_vars") or {}), _THREADS_BIND: "nobind"}
+        return {**kwargs, "runtime_env": {**runtime_env, "env_vars": env_vars}}
+
+    _update_engine_map_kwargs(processor, unbound)
 
 
 def _build_ray_graph(
@@ -254,8 +266,8 @@ def build_streaming_processor(
     config: StreamingvLLMEngineProcessorConfig, *, driver_dir: str | None = None, **kwargs: Any
 ) -> Processor:
     """The registered builder of ``StreamingvLLMEngineProcessorConfig``; ``driver_dir`` is
-    what :func:`ray_stream_llm.preflight.preflight` returned, when it already ran."""
-    check_ray_version()
+    what :func:`ray_stream_llm.preflight.preflight` returned, when it already ran. The
+    Ray version was checked by the caller (:func:`ray_stream_llm.integrations.registry`)."""
     settings = derive_settings(config.object_store)
     secrets = {name: settings.env[name] for name in settings.secret_env}
     secret_env = SecretEnv(secrets) if secrets else None
