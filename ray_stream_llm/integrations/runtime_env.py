@@ -19,6 +19,7 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ray_stream_llm.config import streaming_load_format
 from ray_stream_llm.errors import SettingsConflictError
 from ray_stream_llm.stores.settings import StoreSettings
 
@@ -58,8 +59,8 @@ def merge_engine_kwargs(
     ``runai_streamer_sharded`` (whose loader accepts only ``pattern`` there) the tuning
     travels in the RUNAI_STREAMER_* variables alone."""
     merged = dict(engine_kwargs)
-    load_format = str(merged.get("load_format", "")).lower()
-    if not settings.model_loader_extra_config or load_format == "runai_streamer_sharded":
+    sharded = streaming_load_format(merged) == "runai_streamer_sharded"
+    if not settings.model_loader_extra_config or sharded:
         return merged
     extra = dict(merged.get("model_loader_extra_config") or {})
     for key, value in settings.model_loader_extra_config.items():

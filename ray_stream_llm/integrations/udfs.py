@@ -379,5 +379,5 @@ STREAMING_UDFS: dict[type, type] = {
     DetokenizeUDF: StreamingDetokenizeUDF,
     vLLMEngineStageUDF: StreamingvLLMEngineStageUDF,
 }
-if PrepareMultimodalUDF is not None:  # Ray >= 2.5x
+if PrepareMultimodalUDF is not None:  # Ray >= 2.53
     STREAMING_UDFS[PrepareMultimodalUDF] = StreamingPrepareMultimodalUDF
