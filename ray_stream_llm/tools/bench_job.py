@@ -11,9 +11,12 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray_stream_llm.tools.isolated import run_isolated, tree_bytes
+
+if TYPE_CHECKING:
+    from ray_stream_llm.tools.job import JobResult
 
 PROMPTS = [f"Write item {i} of a list of facts about object storage." for i in range(8)]
 MAX_TOKENS = 16
@@ -50,8 +53,11 @@ def run_isolated_job(
     return out
 
 
-def _job_main(spec_path: str, out_path: str) -> None:
-    """The job a benchmark runs: every prompt in, every row out."""
+def run_spec(spec_path: str) -> JobResult:
+    """The job of a benchmark's spec file (every prompt in, every row out), Ray shut down
+    after it; its :class:`ray_stream_llm.tools.job.JobResult`."""
+    import ray
+
     from ray_stream_llm.tools.job import run_job
 
     spec = json.loads(Path(spec_path).read_text())
@@ -66,9 +72,13 @@ def _job_main(spec_path: str, out_path: str) -> None:
         sampling=spec.get("sampling"),
         config_kwargs=spec.get("config"),
     )
-    import ray
-
     ray.shutdown()
+    return result
+
+
+def _job_main(spec_path: str, out_path: str) -> None:
+    """The job a benchmark runs: every prompt in, every row out."""
+    result = run_spec(spec_path)
     reports = [r.to_dict() for r in result.load_reports]
     Path(out_path).write_text(
         json.dumps(

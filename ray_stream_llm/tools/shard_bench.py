@@ -66,22 +66,9 @@ def run_job_isolated(
 
 
 def _job_main(spec_path: str, out_path: str) -> None:
-    from ray_stream_llm.tools.job import run_job
+    from ray_stream_llm.tools.bench_job import run_spec
 
-    spec = json.loads(Path(spec_path).read_text())
-    result = run_job(
-        spec["model"],
-        spec["prompts"],
-        load_format=spec["load_format"],
-        max_tokens=spec["max_tokens"],
-        ray_temp_dir=spec["ray_temp_dir"],
-        num_cpus=spec.get("num_cpus"),
-        engine_kwargs=spec.get("engine_kwargs"),
-        config_kwargs=spec.get("config"),
-    )
-    import ray
-
-    ray.shutdown()
+    result = run_spec(spec_path)
     Path(out_path).write_text(
         json.dumps(
             {
