@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -208,6 +209,14 @@ def test_shard_again_is_a_no_op(s3_server, written, work):
     assert writes == []
 
 
+def _marker(server: LocalS3Server, prefix: str) -> dict:
+    """The completion marker without its time of writing."""
+    body = server.client().get_object(Bucket=BUCKET, Key=prefix + SHARD_DONE_MARKER)["Body"]
+    marker = json.loads(body.read())
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", marker.pop("written_at"))
+    return marker
+
+
 def _copy_prefix(server: LocalS3Server, src: str, dst: str) -> None:
     """Server-side copies (the objects' user metadata, their SHA-256, comes along)."""
     client = server.client()
@@ -269,8 +278,10 @@ def test_partial_output_is_refused_by_name_and_resumed(s3_server, written, s3_en
     assert puts[-1] == SHARD_DONE_MARKER
     manifest = inspect_model(output, tensor_parallel_size=2)
     assert manifest.streamable and manifest.ranks == (0, 1)
-    # the files are those of the first run (vLLM's save is deterministic)
+    # the files are those of the first run (vLLM's save is deterministic); the completion
+    # markers differ only in when they were written
     assert _keys(s3_server, prefix) == _keys(s3_server, written["prefix"])
+    assert _marker(s3_server, prefix) == _marker(s3_server, written["prefix"])
 
     # a rank file removed behind the completion marker's back: refused, naming the file
     s3_server.client().delete_object(Bucket=BUCKET, Key=prefix + RANK_FILES[0])

@@ -403,7 +403,8 @@ def shard_model(
         "version": MARKER_VERSION,
         "files": files,
         "metadata": metadata,
-        "written_at": time.time(),
+        # fixed width (UTC, whole seconds): the marker's size does not depend on the clock
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "source_weight_bytes": sum(f.size for f in weights),
     }
     out.put_json(SHARD_DONE_MARKER, done_marker)  # last: the checkpoint is complete
