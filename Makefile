@@ -71,7 +71,7 @@ $(AZURITE):
 test: lint typecheck test-main test-compat
 
 test-main: setup $(AZURITE)
-	$(PYTEST) -m "not compat and not slow"
+	$(PYTEST) -m "not compat and not slow" --durations=25
 
 # The tests over 5 minutes on 2 cores (SmolLM2 at TP=3 side by side), kept out of make test
 # so that CI stays under an hour.
