@@ -87,12 +87,19 @@ def main() -> None:
     default=None,
     help="Check pre-sharded (runai_streamer_sharded) files for this many ranks.",
 )
+@click.option(
+    "--shard-pattern",
+    default=None,
+    help="The pre-sharded files' names, as the engines' model_loader_extra_config "
+    "'pattern' (default: vLLM's model-rank-{rank}-part-{part}.safetensors).",
+)
 @_store_options
 @_one_line_errors
 def inspect(
     uri: str,
     as_json: bool,
     tensor_parallel_size: int | None,
+    shard_pattern: str | None,
     endpoint_url: str | None,
     region: str | None,
     anonymous: bool,
@@ -108,6 +115,7 @@ def inspect(
         uri,
         object_store=_store(endpoint_url, region, anonymous),
         tensor_parallel_size=tensor_parallel_size,
+        shard_pattern=shard_pattern,
     )
     if as_json:
         click.echo(json.dumps(manifest.to_dict(), indent=2))

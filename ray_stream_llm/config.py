@@ -21,6 +21,7 @@ from pydantic import ConfigDict, Field
 from ray.data.llm import vLLMEngineProcessorConfig
 
 from ray_stream_llm.errors import InvalidSettingError, UnsupportedLoadFormatError
+from ray_stream_llm.patterns import shard_file_regex
 from ray_stream_llm.stores.settings import ObjectStoreConfig
 from ray_stream_llm.uri import looks_like_uri, parse_model_uri
 
@@ -118,6 +119,8 @@ def check_loader_extra_config(extra: Any, load_format: str = "runai_streamer") -
         raise InvalidSettingError(
             f"{where}['memory_limit'] must be an integer >= -1, got {value!r}"
         )
+    if "pattern" in extra:
+        shard_file_regex(extra["pattern"])  # InvalidSettingError naming it
     if "distributed" in extra and not isinstance(extra["distributed"], bool):
         raise InvalidSettingError(
             f"{where}['distributed'] must be a bool, got {extra['distributed']!r}"

@@ -30,9 +30,11 @@ from ray_stream_llm.errors import (
 from ray_stream_llm.patterns import (
     CHECKED_METADATA,
     SAFETENSORS_INDEX,
+    SHARD_PATTERN,
     FileRole,
     classify,
     require_metadata,
+    shard_file_regex,
 )
 from ray_stream_llm.stores import StoreDeadline
 from ray_stream_llm.stores.base import Client
@@ -41,7 +43,6 @@ from ray_stream_llm.uri import ModelURI, is_safe_relative, parse_model_uri
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 MAX_METADATA_JSON_BYTES = 16 * 1024 * 1024  # config, index, tokenizer and generation configs
-_SHARDED_RE = re.compile(r"^model-rank-(\d+)-part-(\d+)\.safetensors$")  # vLLM sharded_state
 # The markers of ``ray-stream-llm shard`` (ray_stream_llm.tools.shard) at the root of its
 # output: the partial one written first, the completion one last (then the partial one is
 # deleted). Neither is metadata nor a weight: no fetch brings them to local disk.
@@ -112,6 +113,7 @@ def inspect_model(
     *,
     object_store: ObjectStoreConfig | None = None,
     tensor_parallel_size: int | None = None,
+    shard_pattern: str | None = None,
     check_headers: bool = True,
     metadata_dir: str | os.PathLike[str] | None = None,
 ) -> ModelManifest:
@@ -122,7 +124,9 @@ def inspect_model(
     ``ModelManifest.problems``; :meth:`ModelManifest.raise_if_not_streamable`
     raises them as one :class:`NotStreamableError`. With ``tensor_parallel_size``,
     pre-sharded checkpoints (``runai_streamer_sharded``) are checked to hold one
-    set of files per rank (:class:`TensorParallelMismatchError` when raised). An output
+    set of files per rank (:class:`TensorParallelMismatchError` when raised), named by
+    ``shard_pattern`` (the engines' ``model_loader_extra_config["pattern"]``; vLLM's
+    ``model-rank-{rank}-part-{part}.safetensors`` by default). An output
     of ``ray-stream-llm shard`` that the writer did not finish (its partial marker without
     the completion marker, or a file the completion marker lists missing or of another
     size) raises :class:`IncompleteShardedCheckpointError` at once. With ``metadata_dir``
@@ -161,8 +165,9 @@ def inspect_model(
     ranks: tuple[int, ...] = ()
     mismatch = False
     if tensor_parallel_size is not None:
-        ranks = tuple(sorted({int(m.group(1)) for f in shards if (m := _SHARDED_RE.match(f.path))}))
-        rank_problems = _check_ranks(shards, tensor_parallel_size)
+        named = shard_file_regex(shard_pattern)
+        ranks = tuple(sorted({int(m["rank"]) for f in shards if (m := named.fullmatch(f.path))}))
+        rank_problems = _check_ranks(shards, tensor_parallel_size, named, shard_pattern)
         mismatch = bool(ranks) and set(ranks) != set(range(tensor_parallel_size))
         problems.extend(rank_problems)
     tensors = 0
@@ -353,13 +358,21 @@ def _check_index(reader: _Reader, file: ModelFile, shards: set[str]) -> list[str
     return [problem] if raw is None and problem else index_problems(raw or b"", shards)
 
 
-def _check_ranks(shards: list[ModelFile], tp: int) -> list[str]:
-    ranks = {int(m.group(1)) for f in shards if (m := _SHARDED_RE.match(f.path))}
+def _check_ranks(
+    shards: list[ModelFile], tp: int, named: re.Pattern[str], pattern: str | None
+) -> list[str]:
+    ranks = {int(m["rank"]) for f in shards if (m := named.fullmatch(f.path))}
+    names = (pattern or SHARD_PATTERN).format(rank="<rank>", part="<part>")
     if not ranks:
         return [
-            "runai_streamer_sharded needs pre-sharded files named "
-            "model-rank-<rank>-part-<part>.safetensors (saved with vLLM's save_sharded_state); "
-            "none found; use load_format='runai_streamer' for a plain checkpoint"
+            f"runai_streamer_sharded needs pre-sharded files named {names} (saved with "
+            "vLLM's save_sharded_state); none found; "
+            + (
+                ""
+                if pattern
+                else "for files named otherwise set model_loader_extra_config={'pattern': ...}; "
+            )
+            + "use load_format='runai_streamer' for a plain checkpoint"
         ]
     if ranks != set(range(tp)):
         return [
@@ -370,8 +383,8 @@ def _check_ranks(shards: list[ModelFile], tp: int) -> list[str]:
         ]
     parts: dict[int, set[int]] = {}
     for f in shards:
-        if m := _SHARDED_RE.match(f.path):
-            parts.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+        if m := named.fullmatch(f.path):
+            parts.setdefault(int(m["rank"]), set()).add(int(m.groupdict().get("part") or 0))
     gaps = [
         f"rank {rank} lacks part(s) {sorted(set(range(max(got) + 1)) - got)}"
         for rank, got in sorted(parts.items())
@@ -380,7 +393,7 @@ def _check_ranks(shards: list[ModelFile], tp: int) -> list[str]:
     if gaps:
         return [
             f"the pre-sharded files are incomplete: {'; '.join(gaps)}; upload the missing "
-            "model-rank-<rank>-part-<part>.safetensors files or save the shards again"
+            f"{names} files or save the shards again"
         ]
     return []
 

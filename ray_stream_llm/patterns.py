@@ -16,9 +16,10 @@ from __future__ import annotations
 import enum
 import fnmatch
 import posixpath
+import re
 from collections.abc import Iterable
 
-from ray_stream_llm.errors import ModelNotFoundError
+from ray_stream_llm.errors import InvalidSettingError, ModelNotFoundError
 
 # Weight files in every format we know of, at any depth. Never fetched.
 WEIGHT_PATTERNS: tuple[str, ...] = (
@@ -47,6 +48,43 @@ WEIGHT_PATTERNS: tuple[str, ...] = (
 
 # Files the runai streamer streams: the only weights a streamed model may have.
 STREAMABLE_PATTERNS: tuple[str, ...] = ("*.safetensors",)
+
+# vLLM's ShardedStateLoader.DEFAULT_PATTERN: the names of a sharded-state checkpoint's files,
+# one set per tensor-parallel rank (``model_loader_extra_config={"pattern": ...}`` changes it).
+SHARD_PATTERN = "model-rank-{rank}-part-{part}.safetensors"
+
+
+def shard_file_regex(pattern: str | None = None) -> re.Pattern[str]:
+    """The regex, groups ``rank`` and ``part``, of the rank files vLLM's sharded loader
+    finds with ``pattern`` (``pattern.format(rank=R, part="*")``); InvalidSettingError
+    naming the value for a pattern the loader cannot use or the streamer cannot read."""
+    if pattern is None:
+        pattern = SHARD_PATTERN
+    where = "engine_kwargs['model_loader_extra_config']['pattern']"
+    if not isinstance(pattern, str):
+        raise InvalidSettingError(f"{where} must be a string, got {pattern!r}")
+    fields = sorted(re.findall(r"{([^{}]*)}", pattern))
+    problem = None
+    braces = (pattern.count("{"), pattern.count("}"))
+    if fields not in (["rank"], ["part", "rank"]) or braces != (len(fields), len(fields)):
+        problem = "must hold {rank} once, {part} at most once, and no other {field}"
+    elif "{rank}{part}" in pattern or "{part}{rank}" in pattern:
+        problem = "must separate {rank} from {part} (rank 1 part 12 and rank 11 part 2 look alike)"
+    elif "/" in pattern:
+        problem = "must be a file name, without '/'"
+    elif not pattern.endswith(".safetensors"):
+        problem = "must end with .safetensors (the streamer reads only safetensors)"
+    if problem:
+        raise InvalidSettingError(
+            f"{where} is {pattern!r}: it {problem}, like vLLM's default {SHARD_PATTERN!r}"
+        )
+    # without {part} each rank has one file (vLLM's save would write every part to it)
+    regex = "".join(
+        {"{rank}": r"(?P<rank>\d+)", "{part}": r"(?P<part>\d+)"}.get(piece, re.escape(piece))
+        for piece in re.split(r"({rank}|{part})", pattern)
+    )
+    return re.compile(regex)
+
 
 # Metadata at the top level of the model directory.
 METADATA_PATTERNS: tuple[str, ...] = (

@@ -26,8 +26,13 @@ def preflight(config: StreamingvLLMEngineProcessorConfig) -> str:
     driver_dir = fetch_metadata_report(uri, object_store=store).path
     sharded = streaming_load_format(config.engine_kwargs) == "runai_streamer_sharded"
     tp = int(config.engine_kwargs.get("tensor_parallel_size", 1)) if sharded else None
+    pattern = (config.engine_kwargs.get("model_loader_extra_config") or {}).get("pattern")
     inspect_model(
-        str(uri), object_store=store, tensor_parallel_size=tp, metadata_dir=driver_dir
+        str(uri),
+        object_store=store,
+        tensor_parallel_size=tp,
+        shard_pattern=pattern if sharded else None,
+        metadata_dir=driver_dir,
     ).raise_if_not_streamable()
     tokenizer = config.engine_kwargs.get("tokenizer")
     if looks_like_uri(tokenizer):

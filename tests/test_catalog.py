@@ -330,6 +330,16 @@ CASES = [
         },
     ),
     Case(
+        "sharded-bad-pattern",
+        "`runai_streamer_sharded` with `model_loader_extra_config={'pattern': 'rank-{rank}.bin'}`",
+        errors.InvalidSettingError,
+        "must end with .safetensors",
+        engine_kwargs={
+            "load_format": "runai_streamer_sharded",
+            "model_loader_extra_config": {"pattern": "rank-{rank}.bin"},
+        },
+    ),
+    Case(
         "sharded-tp-mismatch",
         "`runai_streamer_sharded` files for 2 ranks, tensor_parallel_size=4",
         errors.TensorParallelMismatchError,

@@ -246,13 +246,56 @@ def test_sharded_format_only_from_s3_and_only_its_pattern_key():
         assert "only under s3://" in str(err.value) and uri.split(":")[0] in str(err.value)
     StreamingvLLMEngineProcessorConfig(
         model_source="s3://models/m/",
-        engine_kwargs={**sharded, "model_loader_extra_config": {"pattern": "rank-{rank}.st"}},
+        engine_kwargs={
+            **sharded,
+            "model_loader_extra_config": {"pattern": "rank-{rank}.safetensors"},
+        },
     )
     with pytest.raises(InvalidSettingError, match=r"accepts \['pattern'\]"):
         StreamingvLLMEngineProcessorConfig(
             model_source="s3://models/m/",
             engine_kwargs={**sharded, "model_loader_extra_config": {"memory_limit": 0}},
         )
+
+
+@pytest.mark.parametrize(
+    ("pattern", "problem"),
+    [
+        ("model-rank-{rank}.bin", "must end with .safetensors"),
+        ("model-part-{part}.safetensors", "must hold {rank} once"),
+        ("model-{rank}-{part}-{layer}.safetensors", "no other {field}"),
+        ("model-{rank}{part}.safetensors", "must separate {rank} from {part}"),
+        ("tp/model-{rank}-{part}.safetensors", "without '/'"),
+        (7, "must be a string, got 7"),
+    ],
+)
+def test_a_sharded_file_pattern_vllm_or_the_streamer_cannot_use_is_refused(pattern, problem):
+    from ray_stream_llm.errors import InvalidSettingError
+
+    with pytest.raises(InvalidSettingError) as err:
+        StreamingvLLMEngineProcessorConfig(
+            model_source="s3://models/m/",
+            engine_kwargs={
+                "load_format": "runai_streamer_sharded",
+                "model_loader_extra_config": {"pattern": pattern},
+            },
+        )
+    assert problem in str(err.value) and repr(pattern) in str(err.value)
+    assert "model-rank-{rank}-part-{part}.safetensors" in str(err.value) or pattern == 7
+
+
+def test_the_sharded_file_pattern_names_the_rank_files_as_vllm_formats_them():
+    from ray_stream_llm.patterns import SHARD_PATTERN, shard_file_regex
+
+    for pattern in (SHARD_PATTERN, "p{part}_of_r{rank}.safetensors", "tp-{rank}.safetensors"):
+        named = shard_file_regex(pattern)
+        for rank, part in ((0, 0), (1, 12), (11, 2)):
+            name = pattern.format(rank=rank, part=part)  # what vLLM's save writes
+            found = named.fullmatch(name)
+            assert found and int(found["rank"]) == rank, (pattern, name)
+            assert int(found.groupdict().get("part") or 0) == (part if "{part}" in pattern else 0)
+        assert not named.fullmatch("x" + pattern.format(rank=0, part=0))
+        assert not named.fullmatch(pattern.format(rank=0, part=0) + ".tmp")
 
 
 def test_streamer_tuning_stays_out_of_the_sharded_loaders_config():

@@ -187,6 +187,60 @@ def tensor_bytes_of(server: LocalS3Server, uri: str, name: str) -> int:
 
 
 @pytest.mark.e2e
+def test_a_custom_file_pattern_is_followed_as_vllms_loader_follows_it(s3_server, written, s3_env):
+    """A sharded state saved by vLLM itself with ``pattern`` (no marker of the shard
+    command): the preflight follows the engines' ``model_loader_extra_config["pattern"]``
+    and finds each rank's files where vLLM's own S3 glob finds them."""
+    from vllm.transformers_utils.s3_utils import glob as vllm_s3_glob
+
+    from ray_stream_llm import StreamingvLLMEngineProcessorConfig
+    from ray_stream_llm.errors import NotStreamableError
+    from ray_stream_llm.preflight import preflight
+
+    pattern = "tp2-p{part}-r{rank}.safetensors"
+    prefix = f"tiny/shard-test-{uuid.uuid4().hex[:8]}-pattern/"
+    client = s3_server.client()
+    for key in _keys(s3_server, written["prefix"]):
+        if key.startswith("ray-stream-llm-shard."):
+            continue
+        named = re.fullmatch(r"model-rank-(\d+)-part-(\d+)\.safetensors", key)
+        target = pattern.format(rank=named[1], part=named[2]) if named else key
+        source = {"Bucket": BUCKET, "Key": written["prefix"] + key}
+        client.copy_object(Bucket=BUCKET, Key=prefix + target, CopySource=source)
+    output = f"s3://{BUCKET}/{prefix}"
+
+    manifest = inspect_model(output, tensor_parallel_size=2, shard_pattern=pattern)
+    assert manifest.streamable, manifest.problems
+    assert manifest.ranks == (0, 1)
+    for rank in manifest.ranks:  # vLLM's discovery of rank R's files (sharded_state_loader)
+        found = vllm_s3_glob(path=output, allow_pattern=[f"*{pattern.format(rank=rank, part='*')}"])
+        assert found == [output + pattern.format(rank=rank, part=0)], found
+    wrong = inspect_model(output, tensor_parallel_size=4, shard_pattern=pattern)
+    with pytest.raises(TensorParallelMismatchError, match=r"ranks \[0, 1\]"):
+        wrong.raise_if_not_streamable()
+
+    sharded = {"load_format": "runai_streamer_sharded", "tensor_parallel_size": 2}
+    custom = {**sharded, "model_loader_extra_config": {"pattern": pattern}}
+    assert preflight(StreamingvLLMEngineProcessorConfig(model_source=output, engine_kwargs=custom))
+    # without the pattern the default names are looked for, and the message says how to
+    # name others
+    with pytest.raises(NotStreamableError) as info:
+        preflight(StreamingvLLMEngineProcessorConfig(model_source=output, engine_kwargs=sharded))
+    assert "model-rank-<rank>-part-<part>.safetensors" in str(info.value)
+    assert "model_loader_extra_config={'pattern': ...}" in str(info.value)
+
+    from click.testing import CliRunner
+
+    from ray_stream_llm.cli import main
+
+    args = ["inspect", output, "--tensor-parallel-size", "2"]
+    named = CliRunner().invoke(main, [*args, "--shard-pattern", pattern])
+    assert named.exit_code == 0 and "streamable: yes" in named.output, named.output
+    unnamed = CliRunner().invoke(main, args)
+    assert unnamed.exit_code == 1 and "streamable: no" in unnamed.output, unnamed.output
+
+
+@pytest.mark.e2e
 def test_shard_again_is_a_no_op(s3_server, written, work):
     from helpers.s3log import log_barrier
 
