@@ -170,6 +170,7 @@ def inspect_model(
         rank_problems = _check_ranks(shards, tensor_parallel_size, named, shard_pattern)
         mismatch = bool(ranks) and set(ranks) != set(range(tensor_parallel_size))
         problems.extend(rank_problems)
+        problems.extend(_unlisted_rank_files(files, named))
     tensors = 0
     if check_headers and shards:
         with concurrent.futures.ThreadPoolExecutor(min(8, len(shards))) as pool:
@@ -396,6 +397,27 @@ def _check_ranks(
             f"{names} files or save the shards again"
         ]
     return []
+
+
+# vLLM 0.29's sharded loader finds rank files with one list_objects_v2 call
+# (s3_utils.list_files, no pagination): S3 answers with the first 1,000 keys in key order.
+SHARDED_LISTING_LIMIT = 1000
+
+
+def _unlisted_rank_files(files: tuple[ModelFile, ...], named: re.Pattern[str]) -> list[str]:
+    if len(files) <= SHARDED_LISTING_LIMIT:
+        return []
+    listed = set(sorted(f.path for f in files)[:SHARDED_LISTING_LIMIT])  # code point = key order
+    unlisted = [f.path for f in files if named.fullmatch(f.path) and f.path not in listed]
+    if not unlisted:
+        return []
+    return [
+        f"vLLM's sharded loader lists the prefix once, which gives the first "
+        f"{SHARDED_LISTING_LIMIT} of its {len(files)} objects, so it would not find "
+        f"{len(unlisted)} rank file(s) ({', '.join(unlisted[:3])}); give the checkpoint a "
+        f"prefix with fewer than {SHARDED_LISTING_LIMIT} objects (ray-stream-llm shard "
+        "--output to a new prefix, with a larger --max-part-bytes for fewer parts)"
+    ]
 
 
 def header_length_problem(name: str, size: int, length: int) -> str | None:

@@ -240,6 +240,52 @@ def test_a_custom_file_pattern_is_followed_as_vllms_loader_follows_it(s3_server,
     assert unnamed.exit_code == 1 and "streamable: no" in unnamed.output, unnamed.output
 
 
+@pytest.mark.s3
+def test_rank_files_past_vllms_one_listing_are_refused_on_the_driver(
+    s3_server, tiny_models, s3_env
+):
+    """vLLM lists a sharded checkpoint's prefix with one call (1,000 keys): 1,000 other
+    objects sorting before the rank files hide them from it, and the preflight says so;
+    sorting after them they are found and the checkpoint streams."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vllm.transformers_utils.s3_utils import list_files
+
+    from ray_stream_llm.errors import NotStreamableError
+
+    client = s3_server.client()
+
+    def put(key: str, body: bytes) -> None:
+        client.put_object(Bucket=BUCKET, Key=key, Body=body)
+
+    weights = (tiny_models["single"].local / "model.safetensors").read_bytes()
+    for where, folder in (("after", "zz-notes"), ("before", "aa-notes")):
+        prefix = f"tiny/shard-test-{uuid.uuid4().hex[:8]}-listing-{where}/"
+        objects = {
+            name: (tiny_models["single"].local / name).read_bytes()
+            for name in tiny_models["single"].metadata
+        }
+        objects.update(dict.fromkeys(RANK_FILES, weights))
+        objects.update(dict.fromkeys((f"{folder}/{i:04d}.txt" for i in range(1000)), b"note"))
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(put, [prefix + name for name in objects], objects.values()))
+        _, _, seen = list_files(client, f"s3://{BUCKET}/{prefix}")  # what vLLM's loader sees
+        found = {key[len(prefix) :] for key in seen} & set(RANK_FILES)
+        manifest = inspect_model(
+            f"s3://{BUCKET}/{prefix}", tensor_parallel_size=2, check_headers=False
+        )
+        if where == "after":
+            assert found == set(RANK_FILES)
+            assert manifest.streamable, manifest.problems
+        else:
+            assert found == set()  # the store gave vLLM none of them
+            with pytest.raises(NotStreamableError) as info:
+                manifest.raise_if_not_streamable()
+            message = str(info.value)
+            assert "would not find 2 rank file(s)" in message and RANK_FILES[0] in message
+            assert f"first 1000 of its {len(objects)} objects" in message
+
+
 @pytest.mark.e2e
 def test_shard_again_is_a_no_op(s3_server, written, work):
     from helpers.s3log import log_barrier
