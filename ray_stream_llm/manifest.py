@@ -166,10 +166,10 @@ def inspect_model(
     mismatch = False
     if tensor_parallel_size is not None:
         named = shard_file_regex(shard_pattern)
-        ranks = tuple(sorted({int(m["rank"]) for f in shards if (m := named.fullmatch(f.path))}))
-        rank_problems = _check_ranks(shards, tensor_parallel_size, named, shard_pattern)
+        parts = _rank_parts(shards, named)
+        ranks = tuple(sorted(parts))
         mismatch = bool(ranks) and set(ranks) != set(range(tensor_parallel_size))
-        problems.extend(rank_problems)
+        problems.extend(_check_ranks(parts, tensor_parallel_size, shard_pattern))
         problems.extend(_unlisted_rank_files(files, named))
     tensors = 0
     if check_headers and shards:
@@ -359,10 +359,17 @@ def _check_index(reader: _Reader, file: ModelFile, shards: set[str]) -> list[str
     return [problem] if raw is None and problem else index_problems(raw or b"", shards)
 
 
-def _check_ranks(
-    shards: list[ModelFile], tp: int, named: re.Pattern[str], pattern: str | None
-) -> list[str]:
-    ranks = {int(m["rank"]) for f in shards if (m := named.fullmatch(f.path))}
+def _rank_parts(shards: list[ModelFile], named: re.Pattern[str]) -> dict[int, set[int]]:
+    """The part numbers of each rank's files (part 0 for a pattern without ``{part}``)."""
+    parts: dict[int, set[int]] = {}
+    for f in shards:
+        if m := named.fullmatch(f.path):
+            parts.setdefault(int(m["rank"]), set()).add(int(m.groupdict().get("part") or 0))
+    return parts
+
+
+def _check_ranks(parts: dict[int, set[int]], tp: int, pattern: str | None) -> list[str]:
+    ranks = set(parts)
     names = (pattern or SHARD_PATTERN).format(rank="<rank>", part="<part>")
     if not ranks:
         return [
@@ -382,10 +389,6 @@ def _check_ranks(
             f"tensor_parallel_size={tp} (`ray-stream-llm shard --tensor-parallel-size {tp}`) "
             f"or set tensor_parallel_size={len(ranks)}"
         ]
-    parts: dict[int, set[int]] = {}
-    for f in shards:
-        if m := named.fullmatch(f.path):
-            parts.setdefault(int(m["rank"]), set()).add(int(m.groupdict().get("part") or 0))
     gaps = [
         f"rank {rank} lacks part(s) {sorted(set(range(max(got) + 1)) - got)}"
         for rank, got in sorted(parts.items())

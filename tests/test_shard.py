@@ -195,6 +195,7 @@ def test_a_custom_file_pattern_is_followed_as_vllms_loader_follows_it(s3_server,
 
     from ray_stream_llm import StreamingvLLMEngineProcessorConfig
     from ray_stream_llm.errors import NotStreamableError
+    from ray_stream_llm.patterns import shard_file_regex
     from ray_stream_llm.preflight import preflight
 
     pattern = "tp2-p{part}-r{rank}.safetensors"
@@ -203,8 +204,8 @@ def test_a_custom_file_pattern_is_followed_as_vllms_loader_follows_it(s3_server,
     for key in _keys(s3_server, written["prefix"]):
         if key.startswith("ray-stream-llm-shard."):
             continue
-        named = re.fullmatch(r"model-rank-(\d+)-part-(\d+)\.safetensors", key)
-        target = pattern.format(rank=named[1], part=named[2]) if named else key
+        named = shard_file_regex().fullmatch(key)  # vLLM's default names
+        target = pattern.format(rank=named["rank"], part=named["part"]) if named else key
         source = {"Bucket": BUCKET, "Key": written["prefix"] + key}
         client.copy_object(Bucket=BUCKET, Key=prefix + target, CopySource=source)
     output = f"s3://{BUCKET}/{prefix}"

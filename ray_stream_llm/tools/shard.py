@@ -56,7 +56,7 @@ from ray_stream_llm.manifest import (
     inspect_model,
     read_shard_marker,
 )
-from ray_stream_llm.patterns import SAFETENSORS_INDEX, FileRole
+from ray_stream_llm.patterns import SAFETENSORS_INDEX, SHARD_PATTERN, FileRole, shard_file_regex
 from ray_stream_llm.stores import StoreDeadline
 from ray_stream_llm.stores.settings import ObjectStoreConfig, derive_settings
 from ray_stream_llm.uri import ModelURI, parse_model_uri
@@ -243,7 +243,7 @@ def _identity(
         "source": str(source),
         "source_weights": etags,
         "tensor_parallel_size": tp,
-        "pattern": "model-rank-{rank}-part-{part}.safetensors",
+        "pattern": SHARD_PATTERN,  # what the writer saves with (pattern=None)
         "max_part_bytes": max_part_bytes,
     }
 
@@ -518,9 +518,10 @@ def _save_and_upload(
                 f"by it); the output's partial marker stays, run the command again to resume"
             ) from exc
         result.loaded = True
-        staged = sorted(private.glob("model-rank-*-part-*.safetensors"))
+        named = shard_file_regex()
+        staged = sorted(p for p in private.iterdir() if named.fullmatch(p.name))
         result.staged_peak_bytes = sum(p.stat().st_size for p in staged)
-        ranks = {int(p.name.split("-")[2]) for p in staged}
+        ranks = {int(m["rank"]) for p in staged if (m := named.fullmatch(p.name))}
         if ranks != set(range(tp)):
             raise ShardWriteError(
                 f"vLLM saved files for ranks {sorted(ranks)}, not for the {tp} ranks asked; "
