@@ -169,21 +169,44 @@ def _place_engines(config: StreamingvLLMEngineProcessorConfig, processor: Proces
     _update_engine_map_kwargs(processor, on_cpus)
 
 
-def _engine_bundle(config: StreamingvLLMEngineProcessorConfig, updates: dict[str, Any]) -> dict:
-    """The resources of one engine worker, as the config and the updates ask them."""
+RAY_DEFAULT_ENGINE_BUNDLE = {"GPU": 1.0, "CPU": 1.0}  # Ray's vLLM stage, no placement given
+
+
+def _engine_bundle(
+    config: StreamingvLLMEngineProcessorConfig,
+    updates: dict[str, Any],
+    engine_on_cpu: bool = False,
+) -> dict[str, float]:
+    """The resources one single-worker engine asks Ray for, as Ray's vLLM stage asks them
+    (``vllm_engine_stage``): the placement group's bundle (``placement_group_config``,
+    from the updates or the config; its ``bundle_per_worker`` or first bundle); Ray 2.48's
+    ``resources_per_bundle``; the CPUs of an engine placed on CPUs; else Ray's default
+    ``{"GPU": 1, "CPU": 1}`` (the engine actor's ``num_gpus=1`` and Ray Data's default
+    CPU, or the default placement group bundle). An ``accelerator_type`` adds Ray's
+    ``accelerator_type:<type>`` resource, as Ray does. Never empty: a node that lacks
+    any of it cannot host an engine, and its stage actors do not pull the weights."""
+    bundle: dict[str, float] = {}
     pg = updates.get("placement_group_config") or getattr(config, "placement_group_config", None)
-    if isinstance(pg, dict):
-        return dict(pg.get("bundles", [{}])[0])
     resources = getattr(config, "resources_per_bundle", None)  # Ray 2.48
-    if resources:
-        return dict(resources)
-    return {}
+    if isinstance(pg, dict) and (pg.get("bundle_per_worker") or pg.get("bundles")):
+        bundle = dict(pg.get("bundle_per_worker") or pg["bundles"][0])
+    elif isinstance(resources, dict) and resources:
+        bundle = dict(resources)
+    elif engine_on_cpu:
+        bundle = {"CPU": float(_workers(config))}
+    else:
+        bundle = dict(RAY_DEFAULT_ENGINE_BUNDLE)
+    if config.accelerator_type:
+        bundle[f"accelerator_type:{config.accelerator_type}"] = 0.001
+    return {k: float(v) for k, v in bundle.items() if v}
 
 
 def resolve_sharing(
     config: StreamingvLLMEngineProcessorConfig, updates: dict[str, Any], engine_on_cpu: bool
 ) -> Sharing:
-    """The driver's decision on node weight sharing (the node's memory is checked there)."""
+    """The driver's decision on node weight sharing (the node's memory is checked where
+    the weights are pulled, on each node, again before each pull; only nodes with the
+    resources of an engine, :func:`_engine_bundle`, pull)."""
     workers = _workers(config)
     base = config.weight_sharing_dir or DEFAULT_BASE
     if config.weight_sharing == "node" and workers > 1:
@@ -195,9 +218,11 @@ def resolve_sharing(
         return Sharing("off")
     if config.weight_sharing == "auto" and _engines(config) <= 1:
         return Sharing("off")
-    bundle = _engine_bundle(config, updates) or ({"CPU": 1} if engine_on_cpu else {})
     return Sharing(
-        "node", base=base, required=config.weight_sharing == "node", engine_resources=bundle
+        "node",
+        base=base,
+        required=config.weight_sharing == "node",
+        engine_resources=_engine_bundle(config, updates, engine_on_cpu),
     )
 
 

@@ -79,13 +79,28 @@ class Sharing:
         import ray
 
         if not ray.is_initialized():
-            return True
+            return True  # not in Ray (a test, a tool): one node, it hosts the engines
         try:
             node = ray.get_runtime_context().get_node_id()
             [info] = [n for n in ray.nodes() if n.get("NodeID") == node]
-        except Exception:  # not in a Ray worker: assume it can
-            return True
-        return all(info.get("Resources", {}).get(k, 0) >= v for k, v in wanted.items())
+            have = info.get("Resources", {})
+        except Exception as exc:  # in a Ray worker: unknown means "do not pull here"
+            logger.warning(
+                "Not pulling the shared weights on this node: its resources could not be "
+                "read (%s: %s); the engines pull on their own nodes",
+                type(exc).__name__,
+                exc,
+            )
+            return False
+        missing = {k: v for k, v in wanted.items() if have.get(k, 0) < v}
+        if missing:
+            logger.info(
+                "Not pulling the shared weights on this node: an engine asks for %s, the "
+                "node has %s",
+                missing,
+                {k: have.get(k, 0) for k in missing},
+            )
+        return not missing
 
 
 def _node_id() -> str:
@@ -142,25 +157,18 @@ def _locked(region: Path) -> Iterator[None]:
             os.close(fd)  # releases the lock
 
 
-def memory_problem(base: Path, weight_bytes: int) -> str | None:
-    """Why a region of ``weight_bytes`` cannot fit under ``base`` now, or None."""
-    import psutil
+def memory_problem(base: Path, weight_bytes: int, *, region: Path | None = None) -> str | None:
+    """Why a region of ``weight_bytes`` cannot fit under ``base`` now, or None: the
+    cgroup's limits (a container's) and the host's, the tmpfs, the node's other regions
+    (their full size) and, with vLLM's CPU build, one engine's KV cache still to come
+    (:mod:`ray_stream_llm.integrations.memory`). ``region``: the region about to be
+    pulled (checked again before each pull starts; its bytes in already count)."""
+    from ray_stream_llm.integrations import memory
 
-    need = weight_bytes + MARGIN
-    probe = base
-    while not probe.exists():
-        probe = probe.parent
-    stat = os.statvfs(probe)
-    free = stat.f_bavail * stat.f_frsize
-    available = psutil.virtual_memory().available
-    if free < need:
-        return f"{probe} has {free / 2**30:.2f} GiB free, the weights need {need / 2**30:.2f} GiB"
-    if available < need:
-        return (
-            f"the node has {available / 2**30:.2f} GiB of memory available, the weights "
-            f"need {need / 2**30:.2f} GiB"
-        )
-    return None
+    engines = 1 if memory.cpu_kv_cache_pending() else 0
+    return memory.memory_problem(
+        base, weight_bytes, region=region, kv_cache_engines=engines, margin=MARGIN
+    )
 
 
 def is_memory_backed(path: Path) -> bool:
@@ -298,6 +306,10 @@ def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock_fd:
     started = time.time()
     pulled = 0
     try:
+        if problem := memory_problem(
+            region.parent.parent, sum(o.size for o in objects), region=region
+        ):
+            raise WeightSharingError(f"{str(uri)!r} not pulled into {region}: {problem}")
         deadline = StoreDeadline(PULL_TIMEOUT_S)
         client, _ = stores.list_model(uri, None, deadline)
         missing = [o for o in objects if not done(region, o.path)]

@@ -117,23 +117,31 @@ def cpu_kv_cache_default(engine_kwargs: dict[str, Any]) -> dict[str, Any]:
     """With vLLM's CPU build, ``engine_kwargs`` with ``kv_cache_memory_bytes`` sized from
     the memory available on this node, unless the user chose (VLLM_CPU_KVCACHE_SPACE,
     ``kv_cache_memory_bytes`` or ``gpu_memory_utilization``). vLLM's own CPU default
-    reserves 92% of the node's total memory and refuses to start when less is free."""
+    reserves 92% of the node's total memory and refuses to start when less is free.
+
+    Available means what this process may use: the least of the host's available memory
+    and its cgroups' headroom (a container's limit), less the bytes still to come into
+    the node's shared weights (:func:`ray_stream_llm.integrations.memory.available_for_engine`).
+    """
     if not vllm_is_cpu_build() or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         return engine_kwargs
     if any(engine_kwargs.get(name) is not None for name in _KV_CACHE_SETTINGS):
         return engine_kwargs
-    import psutil
+    from ray_stream_llm.integrations import memory
+    from ray_stream_llm.integrations.node_weights import DEFAULT_BASE
 
-    available = psutil.virtual_memory().available
-    size = int(min(max(available * KV_CACHE_SHARE, KV_CACHE_MIN), KV_CACHE_MAX)) >> 20 << 20
+    available, where = memory.available_for_engine(Path(DEFAULT_BASE))
+    size = memory.kv_cache_default_bytes(available)
     logger.info(
-        "vLLM CPU build: KV cache of %.2f GiB per engine (%d%% of the %.1f GiB available on "
-        "this node, at most %d GiB); set engine_kwargs['kv_cache_memory_bytes'] or "
+        "vLLM CPU build: KV cache of %.2f GiB per engine (%d%% of the %.2f GiB available: "
+        "%s; at least %d MiB, at most %d GiB); set engine_kwargs['kv_cache_memory_bytes'] or "
         "VLLM_CPU_KVCACHE_SPACE to choose",
         size / (1 << 30),
-        KV_CACHE_SHARE * 100,
+        memory.KV_CACHE_SHARE * 100,
         available / (1 << 30),
-        KV_CACHE_MAX >> 30,
+        where,
+        memory.KV_CACHE_MIN >> 20,
+        memory.KV_CACHE_MAX >> 30,
     )
     return {**engine_kwargs, "kv_cache_memory_bytes": size}
 

@@ -1,0 +1,470 @@
+"""Memory this process may really use, read where a container's limit lives.
+
+A container's (a Kubernetes pod's) memory limit is its cgroup's, not the host's: the
+host's ``MemAvailable`` can say 1.5 TB while the pod may use 32 GiB, and the pages of
+a tmpfs (``/dev/shm``) count against the cgroup of the process that wrote them. So:
+
+* :func:`cgroup_levels` reads this process's memory cgroup and every ancestor up to the
+  hierarchy's root (a parent's limit applies too): cgroup v2 ``memory.max`` /
+  ``memory.current``, cgroup v1 ``memory.limit_in_bytes`` / ``memory.usage_in_bytes``,
+  found through ``/proc/self/cgroup`` and ``/proc/self/mountinfo``. In use means the
+  usage less the reclaimable file cache (``inactive_file``), as the kubelet counts it;
+  tmpfs pages are never reclaimable (no swap), so they stay counted.
+* :func:`memory_view` is the least of the host's available memory and every level's
+  headroom (limit - in use), and names which one binds.
+* :func:`regions_under` counts the node's regions already under a base: bytes present
+  and bytes still to come (region files are made sparse at full size; they will fill).
+* :func:`memory_problem` says whether one more region fits: its weights, the other
+  regions' bytes still to come, the CPU KV cache an engine will reserve and a margin,
+  against the tmpfs's free space and the memory view, and names every size.
+* :func:`kv_cache_default_bytes` and :func:`streamer_memory_limit` size the engine's CPU
+  KV cache and the Run:ai streamer's CPU buffer from the same view.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+GiB = 1 << 30
+MiB = 1 << 20
+MARGIN = 512 << 20  # memory kept free beyond what is counted
+UNLIMITED = 1 << 62  # cgroup v1 writes "no limit" as a page-aligned 2**63 - 1
+
+KV_CACHE_SHARE = 0.2  # of the memory available when the engine starts
+KV_CACHE_MIN = 256 << 20
+KV_CACHE_MAX = 8 << 30
+
+STREAMER_LIMIT_ENV = "RUNAI_STREAMER_MEMORY_LIMIT"
+STREAMER_SHARE = 0.25  # of an engine's share of the actor's memory
+STREAMER_FLOOR = 1 << 30  # below this, the streamer's "0": one tensor at a time
+STREAMER_DEFAULT = 40_000_000_000  # the streamer's own default (40 GB)
+
+
+def _gib(n: int | float) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+@dataclasses.dataclass(frozen=True)
+class CgroupLevel:
+    """One memory cgroup on the way from this process's to the hierarchy's root."""
+
+    path: str  # the directory under /sys/fs/cgroup...
+    version: int  # 1 or 2
+    limit: int | None  # None: no limit at this level
+    usage: int  # bytes charged, less the reclaimable file cache
+    cache: int = 0  # the inactive file cache subtracted from the charge
+
+    @property
+    def headroom(self) -> int | None:
+        return None if self.limit is None else max(0, self.limit - self.usage)
+
+    @property
+    def limit_file(self) -> str:
+        return "memory.max" if self.version == 2 else "memory.limit_in_bytes"
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if text == "max":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return None if value >= UNLIMITED else value
+
+
+def _stat_value(directory: Path, names: tuple[str, ...]) -> int:
+    try:
+        lines = (directory / "memory.stat").read_text().splitlines()
+    except OSError:
+        return 0
+    values = dict(line.split(" ", 1) for line in lines if " " in line)
+    for name in names:
+        if name in values:
+            try:
+                return int(values[name])
+            except ValueError:
+                return 0
+    return 0
+
+
+def _mounts(mountinfo: str) -> list[tuple[str, str, str, str]]:
+    """(root, mount point, fstype, super options) of each cgroup mount."""
+    found = []
+    for line in mountinfo.splitlines():
+        head, sep, tail = line.partition(" - ")
+        fields, rest = head.split(), tail.split()
+        if not sep or len(fields) < 5 or len(rest) < 3:
+            continue
+        if rest[0] in ("cgroup", "cgroup2"):
+            found.append((fields[3], fields[4].replace("\\040", " "), rest[0], rest[2]))
+    return found
+
+
+def _directory(mount_point: str, mount_root: str, path: str) -> Path:
+    """The directory of cgroup ``path`` under a mount of the hierarchy's ``mount_root``."""
+    if mount_root != "/" and (path == mount_root or path.startswith(mount_root.rstrip("/") + "/")):
+        path = path[len(mount_root.rstrip("/")) :]
+    candidate = Path(mount_point) / path.lstrip("/")
+    # a cgroup namespace shows "/" or a path the mount does not have: the mount is ours
+    return candidate if candidate.is_dir() else Path(mount_point)
+
+
+def _walk(directory: Path, top: Path) -> Iterable[Path]:
+    while True:
+        yield directory
+        if directory == top or top not in directory.parents:
+            return
+        directory = directory.parent
+
+
+def cgroup_levels(proc: str = "/proc/self") -> list[CgroupLevel]:
+    """This process's memory cgroup and its ancestors (v2 and v1 hierarchies), innermost
+    first; [] where there is no cgroup file system to read."""
+    try:
+        cgroups = Path(proc, "cgroup").read_text().splitlines()
+        mountinfo = Path(proc, "mountinfo").read_text()
+    except OSError:
+        return []
+    mounts = _mounts(mountinfo)
+    levels: list[CgroupLevel] = []
+    for line in cgroups:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        v2 = hierarchy == "0" and controllers == ""
+        if not v2 and "memory" not in controllers.split(","):
+            continue
+        for root, point, fstype, options in mounts:
+            if v2 and fstype != "cgroup2":
+                continue
+            if not v2 and (fstype != "cgroup" or "memory" not in options.split(",")):
+                continue
+            top = Path(point)
+            for directory in _walk(_directory(point, root, path), top):
+                level = _level(directory, 2 if v2 else 1)
+                if level is not None:
+                    levels.append(level)
+            break
+    return levels
+
+
+def _level(directory: Path, version: int) -> CgroupLevel | None:
+    cache_names: tuple[str, ...]
+    if version == 2:
+        usage_file, limit_file, cache_names = "memory.current", "memory.max", ("inactive_file",)
+    else:
+        usage_file, limit_file = "memory.usage_in_bytes", "memory.limit_in_bytes"
+        cache_names = ("total_inactive_file", "inactive_file")
+    if not (directory / limit_file).exists():
+        return None  # v2 without the memory controller here, or the v2 root
+    usage = _read_int(directory / usage_file)
+    cache = _stat_value(directory, cache_names)
+    return CgroupLevel(
+        path=str(directory),
+        version=version,
+        limit=_read_int(directory / limit_file),
+        usage=max(0, (usage or 0) - cache),
+        cache=cache,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryView:
+    """What this process may still use: the host's available memory or the tightest
+    cgroup's headroom, whichever is less."""
+
+    host_available: int
+    binding: CgroupLevel | None  # the cgroup level that binds, None: the host does
+
+    @property
+    def available(self) -> int:
+        if self.binding is None or self.binding.headroom is None:
+            return self.host_available
+        return min(self.host_available, self.binding.headroom)
+
+    def describe(self) -> str:
+        level = self.binding
+        if level is None or level.headroom is None or level.headroom >= self.host_available:
+            return f"the node has {_gib(self.host_available)} of memory available"
+        return (
+            f"the cgroup {level.path} allows {_gib(level.headroom)} more "
+            f"({level.limit_file} {_gib(level.limit or 0)}, {_gib(level.usage)} in use)"
+        )
+
+
+def memory_view(levels: list[CgroupLevel] | None = None) -> MemoryView:
+    import psutil
+
+    levels = cgroup_levels() if levels is None else levels
+    limited = [lv for lv in levels if lv.headroom is not None]
+    binding = min(limited, key=lambda lv: lv.headroom or 0) if limited else None
+    return MemoryView(host_available=int(psutil.virtual_memory().available), binding=binding)
+
+
+@dataclasses.dataclass(frozen=True)
+class Regions:
+    """The node's regions already under a base (each ``<base>/<node>/<key>/``)."""
+
+    count: int = 0
+    present: int = 0  # bytes written (already in the tmpfs and the cgroups' usage)
+    pending: int = 0  # bytes still to come into files made sparse at full size
+
+
+def _file_bytes(path: Path) -> tuple[int, int]:
+    """(bytes present, bytes still to come) of a region file."""
+    try:
+        st = path.stat()
+    except OSError:
+        return 0, 0
+    present = min(st.st_size, st.st_blocks * 512)
+    return present, st.st_size - present
+
+
+def regions_under(base: Path, exclude: Path | None = None) -> Regions:
+    """Every region under ``base`` but ``exclude``: how many, bytes present, bytes to come."""
+    count = present = pending = 0
+    try:
+        regions = [r for node in Path(base).iterdir() if node.is_dir() for r in node.iterdir()]
+    except OSError:
+        return Regions()
+    skip = exclude.resolve() if exclude is not None else None
+    for region in regions:
+        if not (region / ".created").exists():
+            continue  # being made (its own check runs now) or being removed
+        if skip is not None and region.resolve() == skip:
+            continue
+        count += 1
+        for path in region.iterdir():
+            if path.is_file() and not path.name.startswith("."):
+                have, missing = _file_bytes(path)
+                present += have
+                pending += missing
+    return Regions(count, present, pending)
+
+
+def region_present(region: Path | None) -> int:
+    """Bytes already written into ``region``'s weight files."""
+    if region is None or not region.is_dir():
+        return 0
+    return sum(
+        _file_bytes(p)[0] for p in region.iterdir() if p.is_file() and not p.name.startswith(".")
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Tmpfs:
+    path: str
+    free: int
+    size: int
+
+
+def tmpfs_at(base: Path) -> Tmpfs:
+    """Free and total bytes of the file system ``base`` is (or will be) on."""
+    probe = Path(base)
+    while not probe.exists():
+        probe = probe.parent
+    stat = os.statvfs(probe)
+    return Tmpfs(str(probe), stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize)
+
+
+def cpu_kv_cache_pending() -> bool:
+    """Whether an engine of this node will take its CPU KV cache from the node's memory
+    as this library sizes it (vLLM's CPU build, VLLM_CPU_KVCACHE_SPACE unset)."""
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        return False
+    import importlib.metadata
+
+    try:  # as compat.vllm_is_cpu_build, without importing Ray's stages (and torch)
+        importlib.metadata.distribution("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def kv_cache_default_bytes(available: int) -> int:
+    """The CPU KV cache this library gives an engine: a share of ``available``, clamped."""
+    size = int(min(max(available * KV_CACHE_SHARE, KV_CACHE_MIN), KV_CACHE_MAX))
+    return size >> 20 << 20
+
+
+def assess(
+    *,
+    weight_bytes: int,
+    regions: Regions,
+    kv_cache_bytes: int,
+    tmpfs: Tmpfs,
+    view: MemoryView,
+    margin: int = MARGIN,
+    base: str = "",
+) -> str | None:
+    """Why a region of ``weight_bytes`` (still to come) cannot fit, or None. Pure."""
+    others = regions.pending
+    need_disk = weight_bytes + others + margin
+    need_memory = need_disk + kv_cache_bytes
+    parts = [f"the weights need {_gib(weight_bytes)}"]
+    if regions.count:
+        parts.append(
+            f"{regions.count} other region(s) under {base or tmpfs.path} hold "
+            f"{_gib(regions.present)} and will take {_gib(others)} more"
+        )
+    if kv_cache_bytes:
+        parts.append(f"an engine's CPU KV cache takes {_gib(kv_cache_bytes)}")
+    parts.append(f"{_gib(margin)} is kept free")
+    sizes = "; ".join(parts)
+    if tmpfs.free < need_disk:
+        return (
+            f"{tmpfs.path} has {_gib(tmpfs.free)} free of {_gib(tmpfs.size)}, "
+            f"{_gib(need_disk)} is needed ({sizes})"
+        )
+    if view.available < need_memory:
+        return f"{view.describe()}, {_gib(need_memory)} is needed ({sizes})"
+    return None
+
+
+def memory_problem(
+    base: Path,
+    weight_bytes: int,
+    *,
+    region: Path | None = None,
+    kv_cache_engines: int = 0,
+    margin: int = MARGIN,
+    levels: list[CgroupLevel] | None = None,
+) -> str | None:
+    """Why a region of ``weight_bytes`` cannot fit under ``base`` now, or None.
+
+    ``region``: the region being pulled (its bytes already written are not needed again;
+    it is not counted among the others). ``kv_cache_engines``: engines of this node
+    whose CPU KV cache (:func:`kv_cache_default_bytes`) is still to be reserved."""
+    view = memory_view(levels)
+    regions = regions_under(base, exclude=region)
+    weights = max(0, weight_bytes - region_present(region))
+    remaining = view.available - weights - regions.pending - margin
+    kv = kv_cache_engines * kv_cache_default_bytes(max(0, remaining))
+    return assess(
+        weight_bytes=weights,
+        regions=regions,
+        kv_cache_bytes=kv,
+        tmpfs=tmpfs_at(base),
+        view=view,
+        margin=margin,
+        base=str(base),
+    )
+
+
+def available_for_engine(base: Path) -> tuple[int, str]:
+    """Memory an engine starting here may use: the view's available memory less the bytes
+    still to come into the node's regions under ``base``; and what binds, in words."""
+    view = memory_view()
+    pending = regions_under(base).pending
+    described = view.describe()
+    if pending:
+        described += f", less {_gib(pending)} still to come into the node's shared weights"
+    return max(0, view.available - pending), described
+
+
+# The streamer's CPU buffer
+
+
+def _user_streamer_limit(engine_kwargs: dict[str, Any]) -> str | None:
+    extra = engine_kwargs.get("model_loader_extra_config")
+    if isinstance(extra, dict) and extra.get("memory_limit") is not None:
+        return str(extra["memory_limit"])
+    return os.environ.get(STREAMER_LIMIT_ENV)
+
+
+def actor_memory_budget(levels: list[CgroupLevel] | None = None) -> tuple[int, str, bool] | None:
+    """The memory this actor may use: Ray's ``memory`` resource assigned to it (per actor),
+    else the tightest cgroup limit (shared by every engine under it); None when neither
+    bounds it. Returns (bytes, where from, whether shared by the node's engines)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            assigned = ray.get_runtime_context().get_assigned_resources().get("memory")
+            if assigned:
+                return int(assigned), "Ray's memory resource of the actor", False
+    except Exception:  # not in a Ray worker
+        logger.debug("no Ray memory resource", exc_info=True)
+    levels = cgroup_levels() if levels is None else levels
+    limited = [lv for lv in levels if lv.limit is not None]
+    if not limited:
+        return None
+    level = min(limited, key=lambda lv: lv.limit or 0)
+    return int(level.limit or 0), f"the cgroup {level.path} ({level.limit_file})", True
+
+
+def derive_streamer_limit(budget: int, engines: int) -> int:
+    """The streamer buffer of one engine given the actor's ``budget`` shared by ``engines``:
+    a quarter of the engine's share; below 1 GiB the streamer's ``0`` (one tensor at a
+    time: always valid, whatever the largest tensor); never above the streamer's default."""
+    share = budget // max(1, engines)
+    limit = int(share * STREAMER_SHARE) >> 20 << 20
+    if limit < STREAMER_FLOOR:
+        return 0
+    return min(limit, STREAMER_DEFAULT)
+
+
+def streamer_memory_limit(
+    engine_kwargs: dict[str, Any],
+    engines_per_node: int = 1,
+    *,
+    levels: list[CgroupLevel] | None = None,
+    environ: dict[str, str] | None = None,
+) -> int | None:
+    """In the engine actor, before vLLM starts: when the user set no streamer
+    ``memory_limit`` (``model_loader_extra_config`` or RUNAI_STREAMER_MEMORY_LIMIT), one
+    derived from the actor's memory (:func:`actor_memory_budget`; a cgroup limit is
+    divided among ``engines_per_node``), written to RUNAI_STREAMER_MEMORY_LIMIT of
+    ``environ`` (the actor's environment, which the engine's processes inherit and the
+    load report's streamer settings show). Returns it, or None when the user chose or
+    nothing bounds the actor."""
+    env: Any = os.environ if environ is None else environ
+    if _user_streamer_limit(engine_kwargs) is not None or env.get(STREAMER_LIMIT_ENV):
+        return None
+    budget = actor_memory_budget(levels)
+    if budget is None:
+        return None
+    amount, source, shared = budget
+    engines = max(1, engines_per_node) if shared else 1
+    limit = derive_streamer_limit(amount, engines)
+    env[STREAMER_LIMIT_ENV] = str(limit)
+    logger.info(
+        "Streamer CPU buffer: RUNAI_STREAMER_MEMORY_LIMIT=%d (%s; %s of %s for %d "
+        "engine(s)); set model_loader_extra_config['memory_limit'] to choose",
+        limit,
+        "one tensor at a time" if limit == 0 else _gib(limit),
+        source,
+        _gib(amount),
+        engines,
+    )
+    return limit
+
+
+def engines_per_node(engine_resources: dict[str, float], most: int | None = None) -> int:
+    """How many engines of ``engine_resources`` this Ray node can hold (at most ``most``),
+    1 outside Ray or when unknown."""
+    wanted = {k: v for k, v in engine_resources.items() if v}
+    try:
+        import ray
+
+        if not wanted or not ray.is_initialized():
+            return 1
+        node = ray.get_runtime_context().get_node_id()
+        [info] = [n for n in ray.nodes() if n.get("NodeID") == node]
+        have = info.get("Resources", {})
+        fit = min(int(have.get(k, 0) // v) for k, v in wanted.items())
+    except Exception:
+        return 1
+    fit = max(1, fit)
+    return min(fit, most) if most else fit
