@@ -23,6 +23,7 @@ from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig
 from ray_stream_llm.integrations.builder import _engine_bundle, resolve_sharing
 
 STREAM = {"load_format": "runai_streamer"}
+GiB = 1 << 30
 
 
 def _config(**fields):
@@ -149,6 +150,14 @@ def test_a_cpu_only_node_pulls_nothing(s3_server, s3_env, tiny_models, base, wor
                     "regions": self.regions,
                 }
 
+            def streamer(self, sharing):
+                from ray_stream_llm.integrations import memory
+
+                env: dict[str, str] = {}
+                engines = memory.engines_per_node(sharing.engine_resources, most=8)
+                limit = memory.streamer_memory_limit({}, engines, environ=env)
+                return engines, limit, env
+
             def unreadable(self, sharing):
                 def broken():
                     raise ConnectionError("GCS unreachable")
@@ -163,7 +172,9 @@ def test_a_cpu_only_node_pulls_nothing(s3_server, s3_env, tiny_models, base, wor
                     w.release()
                 udfs._prefetched.clear()
 
-        gpu = Stage.options(resources={"node_gpu": 1}).remote(model.uri, sharing, accel)
+        gpu = Stage.options(resources={"node_gpu": 1}, memory=4 * GiB).remote(
+            model.uri, sharing, accel
+        )
         cpu = Stage.options(resources={"node_cpu": 1}).remote(model.uri, sharing, accel)
         on_gpu, on_cpu = ray.get([gpu.seen.remote(), cpu.seen.remote()])
         assert on_gpu["node"] != on_cpu["node"]
@@ -182,6 +193,9 @@ def test_a_cpu_only_node_pulls_nothing(s3_server, s3_env, tiny_models, base, wor
         assert {k: v for k, v in gets.items() if k.endswith(".safetensors")} == {
             prefix + o: math.ceil(size / node_weights.CHUNK) for o, size in sizes.items()
         }  # once: the GPU node's pull, none from the CPU node
+        # the streamer's buffer from Ray's memory resource of the actor (4 GiB): a quarter
+        engines, limit, env = ray.get(gpu.streamer.remote(sharing))
+        assert (engines, limit, env) == (1, GiB, {"RUNAI_STREAMER_MEMORY_LIMIT": str(GiB)})
         assert ray.get(gpu.unreadable.remote(sharing)) is False  # fail closed in a worker
         ray.get([gpu.done.remote(), cpu.done.remote()])
         deadline = time.monotonic() + 30
