@@ -65,6 +65,10 @@ class LoadReport:
     pull_hidden_seconds: float | None = None  # of the node's pull, before this engine streamed
     pull_bytes: int | None = None  # what the node's one pull read from the store
     ranks: list[dict[str, Any]] | None = None  # per streaming process (rank): bytes, seconds
+    # vLLM's compile phase (integrations/compile_cache.py): seconds in vLLM's torch.compile
+    # blocks (the slowest rank), and "hit" / "miss" / "load failed: <vLLM's reason>"
+    compile_seconds: float | None = None
+    compile_cache: str | None = None
 
     @property
     def gib_per_s(self) -> float | None:
@@ -83,7 +87,8 @@ class LoadReport:
     def log_line(self) -> str:
         settings = " ".join(f"{k}={v}" for k, v in self.streamer_settings.items())
         if not self.streamed:
-            return f"Engine ready for {self.model} in {self.ready_seconds:.1f}s (not streamed)"
+            ready = f"Engine ready for {self.model} in {self.ready_seconds:.1f}s"
+            return f"{ready} (not streamed){self._compile()}"
         stream = (
             f"{self.weight_files} safetensors files, {self.weight_bytes} bytes streamed in "
             f"{self.stream_seconds:.2f}s ({self.gib_per_s:.3f} GiB/s)"
@@ -100,8 +105,13 @@ class LoadReport:
             f"Engine ready for {self.model} in {self.ready_seconds:.1f}s (attempt {self.attempt}): "
             f"metadata {self.metadata_files} files, {self.metadata_bytes} bytes in "
             f"{self.metadata_seconds:.2f}s ({where}); "
-            f"weights {stream}{self._per_rank()}; streamer {settings}"
+            f"weights {stream}{self._per_rank()}; streamer {settings}{self._compile()}"
         )
+
+    def _compile(self) -> str:
+        if self.compile_seconds is None:
+            return ""
+        return f"; compile {self.compile_seconds:.1f}s (cache: {self.compile_cache})"
 
     def _per_rank(self) -> str:
         if not self.ranks or len(self.ranks) < 2:
@@ -178,6 +188,8 @@ def build_report(
     actor_settings: dict[str, str],
     weight_sharing: str = "off",
     pull: dict[str, Any] | None = None,
+    compile_seconds: float | None = None,
+    compile_cache: str | None = None,
 ) -> LoadReport:
     """The report of an engine that is ready; ``fetched`` is the actor's metadata fetch,
     ``actor_settings`` the streamer settings in the actor's environment, ``pull`` the
@@ -212,6 +224,8 @@ def build_report(
         pull_hidden_seconds=hidden,
         pull_bytes=int(pull["bytes"]) if pull is not None else None,
         ranks=rank_figures(done, sizes) if done else None,
+        compile_seconds=compile_seconds,
+        compile_cache=compile_cache,
         **stream_figures(sessions, sizes),
     )
 

@@ -25,6 +25,7 @@ from ray_stream_llm.integrations.compat import (
     vllm_is_cpu_build,
     vLLMEngineStageUDF,
 )
+from ray_stream_llm.integrations.compile_cache import engine_figures
 from ray_stream_llm.integrations.node_weights import NodeWeights, Sharing, pull_status, start_pull
 from ray_stream_llm.integrations.progress import progress_enabled
 from ray_stream_llm.integrations.shm import remove_orphaned_segments, spawn_janitor
@@ -248,6 +249,7 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
                         engine_kwargs=engine_kwargs,
                         **kwargs,
                     )
+                    compiled = engine_figures()  # vLLM's compile phase, as its processes saw it
             except Exception as exc:  # the engine did not start: why?
                 self._release_engine()
                 delay = load_retry_backoff_s * 2 ** (attempt - 1)
@@ -280,6 +282,7 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
                     actor_settings=streamer_settings(),
                     weight_sharing=shared,
                     pull=pull_status(region) if region else None,
+                    **compiled,
                 )
             )
             return

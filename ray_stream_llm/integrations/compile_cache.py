@@ -1,0 +1,251 @@
+"""vLLM's compile cache in this library's engines: the AOT artifact loaded again, and the
+compile phase measured where it runs.
+
+**The load fix.** vLLM 0.29 saves each engine's torch.compile result as an AOT artifact
+(``VLLM_USE_AOT_COMPILE``, on by default with torch >= 2.10) under
+``$VLLM_CACHE_ROOT/torch_compile_cache/torch_aot_compile/<hash>/rank_<r>_<dp>/model``
+and, on the next start, loads it in ``vllm.compilation.decorators._try_load_aot_compiled_fn``,
+which then calls ``loaded_fn._artifacts.compiled_fn.finalize_loading(vllm_config)``
+unconditionally. Only vLLM's own ``VllmSerializableFunction`` (the artifact of
+``CompilationMode.VLLM_COMPILE``) has ``finalize_loading``. vLLM's CPU build compiles
+with ``CompilationMode.DYNAMO_TRACE_ONCE`` and the ``"inductor"`` backend
+(``vllm/platforms/cpu.py``), for which torch wraps the compiled function in
+``torch._dynamo.aot_compile_types.BundledAOTAutogradSerializableCallable``; that class
+forwards unknown attributes to the inner compiled function (``__getattr__``), so every
+load ends in ``AttributeError: 'function' object has no attribute 'finalize_loading'``,
+vLLM logs "Compiling model again due to a load failure" and compiles again. The torch
+artifact needs no finalising (``deserialize_compile_artifacts`` returns the loaded
+Inductor code), so :func:`fix_aot_load` gives that class a ``finalize_loading`` that does
+nothing, only where vLLM calls it and torch's class lacks it (feature-detected: with a
+vLLM that checks first, or a torch that has one, it changes nothing).
+``RAY_STREAM_LLM_AOT_LOAD_FIX=0`` turns it off.
+
+**The measurement.** In the engine's processes (``RAY_STREAM_LLM_LOAD_REPORT_DIR`` set
+by the engine actor), :func:`measure` times each of vLLM's own
+``monitor_torch_compile`` blocks (an AOT load attempt, a compile) and reads vLLM's
+``compilation_counter`` and its "load failure" warning; each compiling process writes
+``compile/<pid>.json`` under the directory, which :func:`collect` reads in the actor and
+:func:`figures` turns into the load report's ``compile_seconds`` and ``compile_cache``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+FIX_ENV = "RAY_STREAM_LLM_AOT_LOAD_FIX"
+SUBDIR = "compile"
+LOAD_FAILURE = "Compiling model again due to a load failure"
+_PATCHED = "_rsl_compile_measured"
+
+
+def install(directory: str | None) -> None:
+    """From the plugin's ``register()`` in each vLLM process: the load fix, and the
+    measurement when the engine actor named a report ``directory``. Never raises."""
+    try:
+        fix_aot_load()
+    except Exception:  # a vLLM or torch this code does not know: leave vLLM as it is
+        logging.getLogger(__name__).debug("AOT load fix not applied", exc_info=True)
+    if directory:
+        try:
+            measure(directory)
+        except Exception:
+            logging.getLogger(__name__).debug("compile not measured", exc_info=True)
+
+
+def _finalize_nothing(self: Any, vllm_config: Any) -> None:
+    """Torch's bundled AOTAutograd artifact is complete once deserialised."""
+
+
+def needs_fix() -> bool:
+    """Whether this vLLM calls ``finalize_loading`` on every loaded artifact and torch's
+    ``BundledAOTAutogradSerializableCallable`` (what the ``inductor`` backend's artifacts
+    load as) has none of its own."""
+    if os.environ.get(FIX_ENV, "1") == "0":
+        return False
+    try:
+        from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable
+        from vllm.compilation import decorators
+    except ImportError:
+        return False
+    loader = getattr(decorators, "_try_load_aot_compiled_fn", None)
+    if loader is None:
+        return False
+    try:
+        source = inspect.getsource(loader)
+    except (OSError, TypeError):
+        return False
+    calls = "compiled_fn.finalize_loading(" in source
+    # the class's own attributes: its __getattr__ would forward a lookup on an instance
+    mro = BundledAOTAutogradSerializableCallable.__mro__
+    has_own = any("finalize_loading" in vars(k) for k in mro)
+    return calls and not has_own
+
+
+def fix_aot_load() -> bool:
+    """Apply the load fix where it is needed (idempotent); whether it was applied now."""
+    if not needs_fix():
+        return False
+    from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as cls
+
+    cls.finalize_loading = _finalize_nothing
+    return True
+
+
+# --- measurement, in the engine's processes ------------------------------------------------
+class _Recorder(logging.Handler):
+    """This process's compile record: seconds in vLLM's compile blocks, vLLM's counters,
+    the load failures it logged; written to ``<directory>/compile/<pid>.json``."""
+
+    def __init__(self, directory: str):
+        super().__init__(level=logging.WARNING)
+        self.path = os.path.join(directory, SUBDIR, f"{os.getpid()}.json")
+        self.seconds = 0.0
+        self.blocks = 0
+        self.failures: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not str(record.msg).startswith(LOAD_FAILURE):
+            return
+        args = record.args if isinstance(record.args, tuple) else ()
+        self.failures.append(str(args[-1]) if args else record.getMessage())
+
+    def write(self) -> None:
+        from vllm.compilation.counter import compilation_counter as counter
+
+        try:
+            from torch._dynamo.utils import counters
+
+            inductor = {
+                "hit": int(counters["inductor"]["fxgraph_cache_hit"]),
+                "miss": int(counters["inductor"]["fxgraph_cache_miss"]),
+            }
+        except Exception:
+            inductor = None
+        from vllm import envs
+
+        state = {
+            "pid": os.getpid(),
+            "time": time.time(),
+            "seconds": self.seconds,
+            "blocks": self.blocks,
+            "aot": bool(envs.VLLM_USE_AOT_COMPILE),
+            "aot_loaded": int(counter.num_aot_artifacts_loaded),
+            "aot_compiles": int(counter.num_aot_compiles),
+            "aot_saved": int(counter.num_aot_artifacts_saved),
+            "load_failures": list(self.failures),
+            "inductor_cache": inductor,
+            "rank": _rank(),
+        }
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            tmp = f"{self.path}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(state, f)
+            os.replace(tmp, self.path)
+        except OSError:  # the actor removed the directory: nobody is listening
+            pass
+
+
+def _rank() -> int | None:
+    from ray_stream_llm.integrations.vllm_plugin import tensor_parallel_rank
+
+    return tensor_parallel_rank()
+
+
+def measure(directory: str) -> None:
+    """Time vLLM's ``monitor_torch_compile`` blocks in this process and record them."""
+    from vllm.compilation import decorators
+
+    original = getattr(decorators, "monitor_torch_compile", None)
+    if original is None or getattr(original, _PATCHED, False):
+        return
+    recorder = _Recorder(directory)
+    logging.getLogger("vllm").addHandler(recorder)
+
+    @contextlib.contextmanager
+    def monitor_torch_compile(*args: Any, **kwargs: Any) -> Iterator[None]:
+        begin = time.perf_counter()
+        try:
+            with original(*args, **kwargs):
+                yield
+        finally:
+            recorder.seconds += time.perf_counter() - begin
+            recorder.blocks += 1
+            recorder.write()
+
+    setattr(monitor_torch_compile, _PATCHED, True)
+    decorators.monitor_torch_compile = monitor_torch_compile
+
+
+# --- in the engine actor ---------------------------------------------------------------------
+def collect(directory: str | None) -> list[dict[str, Any]]:
+    """The compile records the engine's processes wrote under ``directory``."""
+    if not directory:
+        return []
+    where = os.path.join(directory, SUBDIR)
+    found = []
+    try:
+        names = sorted(os.listdir(where))
+    except OSError:
+        return []
+    for name in names:
+        if not name.endswith(".json"):
+            continue
+        try:
+            with open(os.path.join(where, name)) as f:
+                found.append(json.load(f))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def outcome(record: dict[str, Any]) -> str:
+    """One process's compile cache outcome: ``hit`` (vLLM loaded the AOT artifact),
+    ``load failed: <vLLM's reason>`` (it compiled again), ``miss`` (it compiled; no
+    artifact), or, with ``VLLM_USE_AOT_COMPILE=0``, ``inductor hit`` / ``miss``."""
+    if record.get("aot_loaded"):
+        return "hit"
+    if record.get("load_failures"):
+        return f"load failed: {record['load_failures'][-1]}"
+    if not record.get("aot"):
+        inductor = record.get("inductor_cache") or {}
+        if inductor.get("hit") and not inductor.get("miss"):
+            return "inductor hit"
+    return "miss"
+
+
+def figures(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The load report's compile figures for one engine: ``compile_seconds`` (the slowest
+    rank's seconds in vLLM's compile blocks) and ``compile_cache`` (the ranks' outcome, or
+    each rank's when they differ); both None when nothing compiled (``enforce_eager``, or
+    this library's plugin not loaded)."""
+    measured = [r for r in records if r.get("blocks")]
+    if not measured:
+        return {"compile_seconds": None, "compile_cache": None}
+    measured.sort(key=lambda r: (r.get("rank") or 0, r.get("pid") or 0))
+    outcomes = [outcome(r) for r in measured]
+    cache = outcomes[0]
+    if len(set(outcomes)) > 1:
+        cache = "; ".join(
+            f"rank {r.get('rank')}: {o}" for r, o in zip(measured, outcomes, strict=True)
+        )
+    return {
+        "compile_seconds": max(float(r["seconds"]) for r in measured),
+        "compile_cache": cache,
+    }
+
+
+def engine_figures() -> dict[str, Any]:
+    """In the engine actor, inside the ``StreamWatcher`` block (its directory is still
+    there) once the engine is ready: ``compile_seconds`` and ``compile_cache`` for
+    ``build_report``."""
+    from ray_stream_llm.integrations.vllm_plugin import REPORT_DIR_ENV
+
+    return figures(collect(os.environ.get(REPORT_DIR_ENV)))

@@ -1,0 +1,106 @@
+"""vLLM's compile cache on a node: the same job run twice in one HOME with default engine
+arguments (vLLM's CPU build compiles the model with torch.compile); the second engine
+loads the AOT artifact the first saved (issue 20). Real parts throughout: vLLM's CPU
+build, the Run:ai streamer, SeaweedFS, Ray Data; nothing mocked.
+
+The pure parts (the outcome rules, the feature detection of the load fix) are checked
+without an engine.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers.jobs import run_isolated
+
+from ray_stream_llm.integrations import compile_cache
+
+QUESTIONS = ["hello world", "ray data"]
+
+
+@pytest.mark.s3
+@pytest.mark.e2e
+def test_second_job_on_a_node_loads_the_compiled_artifact(s3_server, tiny_models, work):
+    model = tiny_models["single"]
+    runs = []
+    for _ in range(2):  # the same job twice, one HOME (so one ~/.cache/vllm) between them
+        out, written, seconds = run_isolated(
+            s3_server,
+            work,
+            model.uri,
+            "runai_streamer",
+            QUESTIONS,
+            max_tokens=4,
+            engine_kwargs={"enforce_eager": False},  # vLLM's default: compile
+        )
+        assert written == {}, written
+        [report] = out["load_reports"]
+        runs.append((out, report, (work / "job.log").read_text(errors="replace"), seconds))
+    (out1, cold, log1, s1), (out2, warm, log2, s2) = runs
+    # vLLM's own record: the first engine compiled and saved the artifact, the second loaded
+    # it and did not compile again
+    assert "saved AOT compiled function to" in log1, log1[-3000:]
+    assert "Directly load AOT compilation from path" in log2, log2[-3000:]
+    assert "Compiling model again" not in log1 + log2
+    assert "saved AOT compiled function to" not in log2
+    # the load report says the same, from the engine's processes
+    assert cold["compile_cache"] == "miss" and warm["compile_cache"] == "hit", (cold, warm)
+    assert cold["compile_seconds"] > 0 and warm["compile_seconds"] > 0
+    assert warm["compile_seconds"] < 0.5 * cold["compile_seconds"], (cold, warm)
+    assert warm["ready_seconds"] < cold["ready_seconds"], (cold, warm)
+    assert f"compile {warm['compile_seconds']:.1f}s (cache: hit)" in log2
+    # the loaded code computes what the compiled code did (greedy decoding)
+    answers = [{r["question"]: r["answer"] for r in o["rows"]} for o in (out1, out2)]
+    assert answers[0] == answers[1] and len(answers[0]) == len(QUESTIONS)
+    print(
+        f"\ncompile cache: engine ready {cold['ready_seconds']:.1f}s -> "
+        f"{warm['ready_seconds']:.1f}s, compile {cold['compile_seconds']:.1f}s "
+        f"({cold['compile_cache']}) -> {warm['compile_seconds']:.1f}s "
+        f"({warm['compile_cache']}); jobs {s1:.0f}s, {s2:.0f}s"
+    )
+
+
+# --- without an engine -------------------------------------------------------------------------
+def test_outcomes_from_the_records():
+    base = {"pid": 1, "seconds": 2.0, "blocks": 1, "aot": True, "rank": 0}
+    assert compile_cache.outcome({**base, "aot_loaded": 1}) == "hit"
+    assert compile_cache.outcome({**base, "aot_compiles": 1}) == "miss"
+    failed = {**base, "aot_compiles": 1, "load_failures": ["'function' object has no attribute"]}
+    assert compile_cache.outcome(failed) == "load failed: 'function' object has no attribute"
+    off = {**base, "aot": False, "inductor_cache": {"hit": 3, "miss": 0}}
+    assert compile_cache.outcome(off) == "inductor hit"
+    assert compile_cache.outcome({**off, "inductor_cache": {"hit": 3, "miss": 1}}) == "miss"
+    # an engine: the slowest rank's seconds; one outcome, or each rank's when they differ
+    rank1 = {**base, "pid": 2, "rank": 1, "seconds": 3.0}
+    two = [{**base, "aot_loaded": 1}, {**rank1, "aot_loaded": 1}]
+    assert compile_cache.figures(two) == {"compile_seconds": 3.0, "compile_cache": "hit"}
+    two[1] = {**two[1], "aot_loaded": 0, "aot_compiles": 1}
+    assert compile_cache.figures(two)["compile_cache"] == "rank 0: hit; rank 1: miss"
+    # nothing compiled (enforce_eager, or the plugin excluded): no figures
+    assert compile_cache.figures([]) == {"compile_seconds": None, "compile_cache": None}
+
+
+def test_records_written_in_the_directory_are_collected(tmp_path):
+    (tmp_path / "compile").mkdir()
+    (tmp_path / "compile" / "7.json").write_text('{"pid": 7, "blocks": 1, "seconds": 1.5}')
+    (tmp_path / "compile" / "8.json.tmp").write_text("{")  # a write in progress: skipped
+    (tmp_path / "0-1.json").write_text("{}")  # a streaming session: not a compile record
+    assert compile_cache.collect(str(tmp_path)) == [{"pid": 7, "blocks": 1, "seconds": 1.5}]
+    assert compile_cache.collect(str(tmp_path / "gone")) == []
+
+
+def test_the_load_fix_is_feature_detected():
+    """On this stack (vLLM 0.29 calls finalize_loading on every loaded artifact, torch's
+    bundled artifact has none) the fix is needed; once applied it is not needed again,
+    and it only adds a method that does nothing."""
+    from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as cls
+
+    had = "finalize_loading" in vars(cls)
+    try:
+        if not had:
+            assert compile_cache.needs_fix()
+        compile_cache.fix_aot_load()
+        assert not compile_cache.needs_fix()
+        assert cls.finalize_loading(object.__new__(cls), None) is None
+    finally:
+        if not had and "finalize_loading" in vars(cls):
+            del cls.finalize_loading
