@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import os
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
@@ -127,6 +128,31 @@ def check_loader_extra_config(extra: Any, load_format: str = "runai_streamer") -
         )
 
 
+def resolve_sharing_dir(value: Any) -> str:
+    """``weight_sharing_dir`` as every process of the job will use it: ``~`` expanded (on
+    the driver), ``..`` and ``.`` removed; an InvalidSettingError naming the value when it
+    is not a string, is relative (each actor would resolve it against its own working
+    directory) or names an existing file.
+
+    >>> resolve_sharing_dir("/dev/shm/x/../regions/")
+    '/dev/shm/regions'
+    """
+    where = "weight_sharing_dir"
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidSettingError(f"{where} must be a directory path, got {value!r}")
+    path = os.path.normpath(os.path.expanduser(value))
+    if not os.path.isabs(path):
+        raise InvalidSettingError(
+            f"{where} is {value!r}, a relative path: each actor would resolve it against its "
+            "own working directory; give an absolute path, e.g. '/dev/shm/ray_stream_llm'"
+        )
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise InvalidSettingError(
+            f"{where} is {value!r}, which is a file, not a directory; give a directory path"
+        )
+    return path
+
+
 class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
     """``vLLMEngineProcessorConfig`` that streams weights from object storage.
 
@@ -182,8 +208,8 @@ class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
     weight_sharing_dir: str | None = Field(
         default=None,
         description="Where the node's shared weights live (default /dev/shm/ray_stream_llm, "
-        "memory-backed). A disk path named here is used as given: the weights then reach "
-        "that disk.",
+        "memory-backed): an absolute path (~ is expanded on the driver; a relative path is "
+        "refused). A disk path named here is used as given: the weights then reach that disk.",
     )
     small_cluster_defaults: Literal["auto", "on", "off"] = Field(
         default="auto",
@@ -207,10 +233,15 @@ class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
         # as itself, not wrapped in pydantic's ValidationError. The builder checks again
         # (model_validate and model_copy do not run __init__).
         self.check_streaming_source()
+        if self.weight_sharing_dir is not None:
+            self.weight_sharing_dir = resolve_sharing_dir(self.weight_sharing_dir)
 
     def check_streaming_source(self) -> None:
-        """Raise a typed error for a misspelled streaming format, a malformed URI or
-        streamer settings vLLM's runai loader would refuse inside the engine."""
+        """Raise a typed error for a misspelled streaming format, a malformed URI, streamer
+        settings vLLM's runai loader would refuse inside the engine, or a
+        ``weight_sharing_dir`` the engines could not agree on."""
+        if self.weight_sharing_dir is not None:
+            resolve_sharing_dir(self.weight_sharing_dir)
         load_format = streaming_load_format(self.engine_kwargs)
         if load_format:
             if looks_like_uri(self.model_source):

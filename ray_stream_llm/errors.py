@@ -60,6 +60,11 @@ class WeightLoadError(RayStreamLLMError, ConnectionError):
     """An engine could not load the weights within the retry policy."""
 
 
+class ObjectChangedError(RayStreamLLMError, RuntimeError):
+    """An object of the model changed in the store while it was being read (its ETag or
+    size is not the one listed); nothing of the new version was mixed into the old."""
+
+
 class ForeignFilesError(RayStreamLLMError, FileExistsError):
     """The destination holds files this library did not write; nothing was changed."""
 

@@ -123,36 +123,36 @@ def _stale(
     return changed, damaged
 
 
-def _foreign(dest: Path, marker: dict[str, Any] | None) -> list[str]:
-    """What under ``dest`` this library did not write (relative paths); ``[dest]`` for a
-    file in its place."""
+def _first_foreign(dest: Path, marker: dict[str, Any] | None) -> str | None:
+    """The first path under ``dest`` this library did not write (relative), ``dest`` itself
+    when a file or link stands in its place, or None. Stops at the first one found."""
     if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
-        return [str(dest)]
+        return str(dest)
     if not dest.is_dir():
-        return []
+        return None
     recorded = set((marker or {}).get("files") or ()) | {MARKER}
-    found = []
     for dirpath, _, names in os.walk(dest):
         for name in names:
             rel = os.path.relpath(os.path.join(dirpath, name), dest)
             if rel not in recorded:
-                found.append(rel)
-    return sorted(found)
+                return rel
+    return None
 
 
 def _refuse_foreign(dest: Path, marker: dict[str, Any] | None) -> None:
-    foreign = _foreign(dest, marker)
-    if not foreign:
+    """A user's ``dest`` holding what this library did not write is refused, untouched."""
+    foreign = _first_foreign(dest, marker)
+    if foreign is None:
         return
-    if foreign == [str(dest)]:
+    if foreign == str(dest):
         raise ForeignFilesError(
             f"destination {str(dest)!r} exists and is not a directory; nothing was changed: "
             "give the path of a new or empty directory"
         )
-    shown = ", ".join(repr(p) for p in foreign[:5]) + (" ..." if len(foreign) > 5 else "")
     raise ForeignFilesError(
-        f"destination {str(dest)!r} holds {len(foreign)} file(s) that fetch_model_metadata did "
-        f"not write ({shown}); nothing was changed: move them away or give another directory"
+        f"destination {str(dest)!r} holds files that fetch_model_metadata did not write "
+        f"(first found: {foreign!r}); nothing was changed: move them away or give another "
+        "directory"
     )
 
 
@@ -242,13 +242,17 @@ def fetch_metadata_report(
 
     listed = {o.path for o in metadata}
     marker = _read_marker(target)
-    _refuse_foreign(target, marker)  # before any download or lock
+    # A user's dest is refused when it holds what we did not write. The cache root is the
+    # library's own: a directory there whose marker is damaged or missing is fetched again
+    # and swapped in whole, never a lock-out.
+    guard = _refuse_foreign if dest else lambda target, marker: None
+    guard(target, marker)  # before any download or lock
     if current(marker) is None:
         sweep(target)  # what a fetch killed mid-way left next to it
         return report(downloaded=False, refetched=[])
     with publishing(target, setting=setting) as staging:
         marker = _read_marker(target)  # another process may have fetched it meanwhile
-        _refuse_foreign(target, marker)
+        guard(target, marker)
         stale = current(marker)
         if stale is None:
             return report(downloaded=False, refetched=[])

@@ -152,7 +152,15 @@ def inspect_model(
             problems.extend(_check_json(reader, names[name], check))
     shards = [f for f in files if f.role is FileRole.STREAMABLE_WEIGHTS]
     others = [f for f in files if f.role is FileRole.OTHER_WEIGHTS]
-    if not shards:
+    nested = [f.path for f in others if f.path.endswith(".safetensors")]
+    if not shards and nested:
+        shown = ", ".join(repr(p) for p in nested[:5]) + (" ..." if len(nested) > 5 else "")
+        problems.append(
+            f"no *.safetensors weights next to config.json: only in sub-folders ({shown}), "
+            "which vLLM does not load (it lists the model directory's top level); upload "
+            "the weights next to config.json, or point the URI at the folder that holds them"
+        )
+    elif not shards:
         kinds = sorted({f.path.rsplit(".", 1)[-1] for f in others})
         problems.append(
             f"no *.safetensors weights (found {', '.join('*.' + k for k in kinds)}); "

@@ -46,7 +46,9 @@ WEIGHT_PATTERNS: tuple[str, ...] = (
     "consolidated.*",  # Mistral / Meta native shards, whatever the extension
 )
 
-# Files the runai streamer streams: the only weights a streamed model may have.
+# Files the runai streamer streams: the only weights a streamed model may have. Only at the
+# top level of the model directory: vLLM lists ``<model>/*.safetensors`` (one level, like
+# its ``glob``), so a nested one (``original/``, a LoRA sub-folder) is never loaded.
 STREAMABLE_PATTERNS: tuple[str, ...] = ("*.safetensors",)
 
 # vLLM's ShardedStateLoader.DEFAULT_PATTERN: the names of a sharded-state checkpoint's files,
@@ -137,6 +139,8 @@ def classify(path: str) -> FileRole:
 
     >>> classify("model-00001-of-00002.safetensors").value
     'streamable_weights'
+    >>> classify("lora/adapter_model.safetensors").value
+    'other_weights'
     >>> classify("original/consolidated.00.pth").value
     'other_weights'
     >>> classify("tokenizer.json").value
@@ -147,7 +151,7 @@ def classify(path: str) -> FileRole:
     'other'
     """
     directory, name = posixpath.split(path)
-    if _match(name, STREAMABLE_PATTERNS):
+    if _match(name, STREAMABLE_PATTERNS) and directory == "":
         return FileRole.STREAMABLE_WEIGHTS
     if _match(name, WEIGHT_PATTERNS):
         return FileRole.OTHER_WEIGHTS

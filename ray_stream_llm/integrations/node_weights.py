@@ -30,11 +30,13 @@ The locks are ``fcntl`` locks on the local node: regions are per node by design.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -46,7 +48,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ray_stream_llm.errors import RayStreamLLMError, WeightSharingError
+from ray_stream_llm.errors import ObjectChangedError, RayStreamLLMError, WeightSharingError
 from ray_stream_llm.integrations.shm import detach
 from ray_stream_llm.stores import ObjectInfo, StoreDeadline
 from ray_stream_llm.uri import ModelURI
@@ -55,9 +57,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_BASE = "/dev/shm/ray_stream_llm"
 CHUNK = 8 << 20  # bytes per ranged GET
-WORKERS = 16  # parallel ranged GETs
+WORKERS = 16  # parallel ranged GETs, each on a connection of its own
 MARGIN = 512 << 20  # memory kept free beyond the weights
-PULL_TIMEOUT_S = 3600.0
+CREATED = ".created"  # the region's marker: a file of a directory holding it is a region file
+MIN_PULL_RATE = 4 << 20  # bytes/s: a pull slower than this for its whole size is stuck
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +72,7 @@ class Sharing:
     base: str = DEFAULT_BASE
     required: bool = False
     engine_resources: dict[str, float] = dataclasses.field(default_factory=dict)
+    pull_timeout_s: float | None = None  # the store's budget per call (None: the default)
 
     def node_can_host_an_engine(self) -> bool:
         """Whether this node has the resources one engine asks for (a CPU-only node of a
@@ -117,6 +121,31 @@ def region_for(uri: ModelURI, objects: tuple[ObjectInfo, ...], base: str) -> Pat
     )
     key = hashlib.sha256(fingerprint.encode()).hexdigest()[:16]
     return Path(base) / _node_id() / key
+
+
+def region_of(path: str | os.PathLike[str]) -> Path | None:
+    """The region that the local file ``path`` belongs to (its directory holds the region's
+    marker), or None. Keyed on the directory itself, whatever string named it: a relative,
+    ``~`` or ``..`` spelling of a region file is still one."""
+    try:
+        parent = Path(os.path.realpath(os.path.expanduser(os.fspath(path)))).parent
+        return parent if (parent / CREATED).is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
+def pull_timeout(weight_bytes: int, store_timeout_s: float | None = None) -> float:
+    """Seconds a pull of ``weight_bytes`` may take before its waiters give up: the store's
+    budget for one call (``RAY_STREAM_LLM_STORE_TIMEOUT_S``, ObjectStoreConfig.timeout_s)
+    plus the size at :data:`MIN_PULL_RATE`."""
+    budget = store_timeout_s if store_timeout_s is not None else StoreDeadline().total
+    return budget + weight_bytes / MIN_PULL_RATE
+
+
+def _objects_of(region: Path) -> tuple[ObjectInfo, ...]:
+    """The weight objects a region was made for, as its marker records them."""
+    meta = json.loads((region / CREATED).read_text())
+    return tuple(ObjectInfo(**o) for o in meta["objects"])
 
 
 def _proc_start(pid: int) -> str | None:
@@ -212,8 +241,9 @@ class NodeWeights:
             self._cannot(f"{base.parent} is not memory-backed (tmpfs)")
             return None
         created = False
+        sweep_regions(base, keep=self.region)
         with _locked(self.region):
-            if not (self.region / ".created").exists():
+            if not (self.region / CREATED).exists():
                 problem = memory_problem(base, self.weight_bytes)
                 if problem:
                     shutil.rmtree(self.region, ignore_errors=True)
@@ -222,7 +252,12 @@ class NodeWeights:
                 for obj in self.objects:
                     with open(self.region / obj.path, "wb") as f:
                         f.truncate(obj.size)  # sparse: costs no memory until written
-                (self.region / ".created").write_text(json.dumps({"uri": str(self.uri)}))
+                marker = {
+                    "uri": str(self.uri),
+                    "objects": [dataclasses.asdict(o) for o in self.objects],
+                    "timeout_s": self.sharing.pull_timeout_s,
+                }
+                (self.region / CREATED).write_text(json.dumps(marker))
                 created = True
             start = _proc_start(os.getpid())
             self._ref = self.region / ".refs" / f"{os.getpid()}-{start}"
@@ -300,6 +335,74 @@ def start_pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...]) -> 
     return True
 
 
+def _changed(listed: dict[str, ObjectInfo], objects: tuple[ObjectInfo, ...]) -> list[str]:
+    """The objects whose size or ETag in the store's listing now is not what the region was
+    made for (or that are gone)."""
+    return [
+        o.path
+        for o in objects
+        if (now := listed.get(o.path)) is None or (now.size, now.etag) != (o.size, o.etag)
+    ]
+
+
+def _md5_of(etag: str) -> str | None:
+    """The object's MD5 when its ETag is one (a single-part S3 upload: 32 hex digits)."""
+    hexdigits = len(etag) == 32 and all(c in "0123456789abcdefABCDEF" for c in etag)
+    return etag.lower() if hexdigits else None
+
+
+def _pull_file(
+    client: Any, uri: ModelURI, obj: ObjectInfo, path: Path, deadline: StoreDeadline, pool: Any
+) -> int:
+    """One object into its region file with parallel ranged GETs pinned to the listed ETag;
+    the bytes written. Every range is checked for length, the written total against the
+    listing, and the MD5 against the ETag where the ETag is one (hashed in order, while the
+    ranges after it are still arriving)."""
+    from ray_stream_llm import stores
+
+    ranges = [(s, min(s + CHUNK, obj.size) - 1) for s in range(0, obj.size, CHUNK)]
+    digest = hashlib.md5(usedforsecurity=False) if _md5_of(obj.etag) else None
+    fd = os.open(path, os.O_WRONLY)
+
+    def fetch(span: tuple[int, int]) -> tuple[int, bytes | None]:
+        data = stores.read(client, uri, obj.path, deadline, span[0], span[1], etag=obj.etag)
+        if len(data) != span[1] - span[0] + 1:
+            raise RayStreamLLMError(
+                f"{obj.path!r} of {str(uri)!r}: got {len(data)} bytes for bytes "
+                f"{span[0]}-{span[1]}; the connection was cut"
+            )
+        wrote = os.pwrite(fd, data, span[0])
+        return wrote, data if digest is not None else None
+
+    written = 0
+    try:
+        window: collections.deque[concurrent.futures.Future[tuple[int, bytes | None]]]
+        window = collections.deque()
+        pending = iter(ranges)
+        for span in itertools.islice(pending, 2 * WORKERS):
+            window.append(pool.submit(fetch, span))
+        while window:
+            wrote, data = window.popleft().result()
+            written += wrote
+            if digest is not None and data is not None:
+                digest.update(data)
+            for span in itertools.islice(pending, 1):
+                window.append(pool.submit(fetch, span))
+    finally:
+        os.close(fd)
+    if written != obj.size:
+        raise RayStreamLLMError(
+            f"{obj.path!r} of {str(uri)!r}: {written} bytes written to {path}, the listing said "
+            f"{obj.size}; is {path.parent} full?"
+        )
+    if digest is not None and digest.hexdigest() != _md5_of(obj.etag):
+        raise ObjectChangedError(
+            f"{obj.path!r} of {str(uri)!r}: the bytes read have MD5 {digest.hexdigest()}, the "
+            f"store's ETag says {obj.etag}; the object is damaged or changed while it was read"
+        )
+    return written
+
+
 def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock_fd: int) -> None:
     from ray_stream_llm import stores
 
@@ -310,36 +413,20 @@ def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock_fd:
             region.parent.parent, sum(o.size for o in objects), region=region
         ):
             raise WeightSharingError(f"{str(uri)!r} not pulled into {region}: {problem}")
-        deadline = StoreDeadline(PULL_TIMEOUT_S)
-        client, _ = stores.list_model(uri, None, deadline)
+        deadline = StoreDeadline(pull_timeout(sum(o.size for o in objects), _budget(region)))
+        client, listing = stores.list_model(uri, None, deadline, connections=WORKERS)
+        changed = _changed({o.path: o for o in listing}, objects)
+        if changed:
+            raise ObjectChangedError(
+                f"{', '.join(repr(p) for p in changed[:5])} of {str(uri)!r} changed in the "
+                "store since this job listed the model (size or ETag); nothing of it was "
+                "shared: run the job again to load the new version"
+            )
         missing = [o for o in objects if not done(region, o.path)]
         with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
             for obj in missing:  # file by file, its ranges in parallel
-                path = region / obj.path
-                ranges = [(s, min(s + CHUNK, obj.size) - 1) for s in range(0, obj.size, CHUNK)]
-                fd = os.open(path, os.O_WRONLY)
-                try:
-
-                    def fetch(span: tuple[int, int], obj: ObjectInfo = obj, fd: int = fd) -> int:
-                        data = stores.read(client, uri, obj.path, deadline, span[0], span[1])
-                        if len(data) != span[1] - span[0] + 1:
-                            raise RayStreamLLMError(
-                                f"{obj.path!r} of {str(uri)!r}: got {len(data)} bytes for "
-                                f"bytes {span[0]}-{span[1]}; the object changed or the "
-                                "connection was cut"
-                            )
-                        return os.pwrite(fd, data, span[0])
-
-                    written = sum(pool.map(fetch, ranges))
-                finally:
-                    os.close(fd)
-                if written != obj.size or path.stat().st_size != obj.size:
-                    raise RayStreamLLMError(
-                        f"{obj.path!r} of {str(uri)!r}: {written} bytes pulled, the listing "
-                        f"said {obj.size}"
-                    )
+                pulled += _pull_file(client, uri, obj, region / obj.path, deadline, pool)
                 _mark(region, obj.path).write_text(str(obj.size))
-                pulled += written
         status = {"started": started, "finished": time.time(), "bytes": pulled, "pid": os.getpid()}
         (region / ".pull.json").write_text(json.dumps(status))
         logger.info(
@@ -350,14 +437,31 @@ def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock_fd:
             time.time() - started,
         )
     except Exception as exc:  # every waiting engine fails with it
-        message = f"{type(exc).__name__}: {exc}"
-        try:
-            (region / ".failed").write_text(message)
-        except OSError:
-            pass
-        logger.warning("The shared pull of %s failed: %s", uri, message)
+        _fail(region, f"{type(exc).__name__}: {exc}")
+        logger.warning("The shared pull of %s failed: %s: %s", uri, type(exc).__name__, exc)
     finally:
         os.close(lock_fd)
+
+
+def _budget(region: Path) -> float | None:
+    try:
+        value = json.loads((region / CREATED).read_text()).get("timeout_s")
+    except (OSError, ValueError):
+        return None
+    return float(value) if value is not None else None
+
+
+def _fail(region: Path, message: str) -> None:
+    """Tell every waiter the pull failed: ``.failed`` with the message, or, where it cannot
+    be written (the region's memory is full), an empty ``.failed``, which waiters read as
+    a failure whose message was lost. Only a region that is gone takes no mark, and its
+    waiters fail on that."""
+    failed = region / ".failed"
+    try:
+        failed.write_text(message)
+    except OSError:
+        with contextlib.suppress(OSError):
+            failed.touch()
 
 
 def pull_status(region: str | Path) -> dict[str, Any] | None:
@@ -368,38 +472,82 @@ def pull_status(region: str | Path) -> dict[str, Any] | None:
     return status
 
 
-def wait_for(path: str, timeout: float = PULL_TIMEOUT_S) -> float:
+def wait_for(path: str, timeout: float | None = None) -> float:
     """In the engine's process: block until the region file ``path`` is complete; seconds
-    waited. Raises when the pull failed; takes the pull over when its puller died."""
-    region, name = Path(path).parent, Path(path).name
+    waited. Raises when the pull failed or the region is gone; takes the pull over when
+    its puller died. ``timeout``: by default the region's pull timeout (:func:`pull_timeout`)."""
+    region = region_of(path)
+    if region is None:
+        raise FileNotFoundError(f"{path} is not a file of a shared region (or it was removed)")
+    name = Path(os.path.realpath(path)).name
+    if timeout is None:
+        timeout = pull_timeout(sum(o.size for o in _objects_of(region)), _budget(region))
     begin = time.monotonic()
     while not done(region, name):
         failed = region / ".failed"
         if failed.exists():
-            raise RuntimeError(f"the shared pull of the weights failed: {failed.read_text()}")
+            message = failed.read_text() or "its message could not be written (memory full?)"
+            raise RuntimeError(f"the shared pull of the weights failed: {message}")
+        if not (region / CREATED).exists():
+            raise FileNotFoundError(f"the shared region {region} was removed while {name} waited")
         if time.monotonic() - begin > timeout:
-            raise TimeoutError(f"{path} not complete after {timeout:.0f}s")
+            raise TimeoutError(
+                f"{path} not complete after {timeout:.0f}s (the pull's budget for its size)"
+            )
         if _pull_free(region) and not done(region, name):
             _take_over(region)
         time.sleep(0.05)
     return time.monotonic() - begin
 
 
+def wait_all(region: str | Path) -> float:
+    """Block until every file of ``region`` is complete (for an engine whose processes
+    cannot wait file by file); seconds waited."""
+    begin = time.monotonic()
+    for obj in _objects_of(Path(region)):
+        wait_for(str(Path(region) / obj.path))
+    return time.monotonic() - begin
+
+
 def _take_over(region: Path) -> None:
     """The puller died: pull the missing files from this process (the store settings are
-    in its environment)."""
+    in its environment), pinned to the objects the region was made for."""
     from ray_stream_llm.uri import parse_model_uri
 
     try:
-        meta = json.loads((region / ".created").read_text())
-        objects = tuple(
-            ObjectInfo(path=p.name, key="", size=p.stat().st_size, etag="")
-            for p in sorted(region.glob("*.safetensors"))
-        )
-    except (OSError, ValueError):
+        meta = json.loads((region / CREATED).read_text())
+        objects = _objects_of(region)
+    except (OSError, ValueError, KeyError, TypeError):
         return
     if start_pull(region, parse_model_uri(meta["uri"]), objects):
         logger.warning("The puller of %s is gone: this engine pulls the rest", region)
+
+
+def sweep_regions(base: Path, *, keep: Path | None = None) -> list[Path]:
+    """Remove the regions under ``base`` that no live process references and no one pulls
+    into (left by a job whose reaper died, or under an old Ray node id), except ``keep``;
+    the regions removed. Each is checked under its own lock, as its reaper would."""
+    removed = []
+    for region in sorted(base.glob("*/*")):
+        if region == keep or not (region / ".lock").is_file():
+            continue
+        with _locked(region):
+            if _live_refs(region) or not _pull_free(region) or _warm(region):
+                continue
+            shutil.rmtree(region, ignore_errors=True)
+            _remove_empty_parents(region)
+            removed.append(region)
+    if removed:
+        logger.info("Removed %d shared region(s) no live process used: %s", len(removed), removed)
+    return removed
+
+
+def _warm(region: Path) -> bool:
+    """Whether the region is kept warm for a later job (``.warm_until`` in the future)."""
+    try:
+        return float((region / ".warm_until").read_text()) > time.time()
+    except (OSError, ValueError):
+        return False
 
 
 def _spawn_reaper(region: Path) -> None:

@@ -5,8 +5,8 @@ through a ``multiprocessing.shared_memory`` ring buffer (``/dev/shm/psm_*``,
 160 MiB). When Ray Data retires the engine actor, vLLM's shutdown terminates
 those processes before the creator unlinks the segment, and it stays in
 ``/dev/shm`` until reboot. A segment is an orphan when no live process maps
-it; only orphans created since a given time are removed, so segments of other
-live engines on the node are never touched.
+it; only segments the engine's own processes were seen to map, and only once no
+process maps them, are removed: never another engine's or program's.
 """
 
 from __future__ import annotations
@@ -37,13 +37,38 @@ def _mapped_segments() -> set[str]:
     return names
 
 
-def orphaned_segments(since: float, pattern: str = "psm_*") -> list[Path]:
+def segments_of(pid: int) -> set[str]:
+    """Names of the ``/dev/shm/psm_*`` segments that ``pid`` or any of its descendants maps
+    now: the engine's own (vLLM's ring buffer is mapped by the engine and its workers)."""
+    import psutil
+
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return set()
+    names: set[str] = set()
+    for proc in procs:
+        try:
+            with open(f"/proc/{proc.pid}/maps", encoding="utf-8", errors="replace") as maps:
+                for line in maps:
+                    if "/dev/shm/psm_" in line:
+                        names.add(line.rsplit("/dev/shm/", 1)[1].split(" ", 1)[0].strip())
+        except OSError:  # the process exited
+            continue
+    return names
+
+
+def orphaned_segments(
+    since: float, pattern: str = "psm_*", only: set[str] | None = None
+) -> list[Path]:
     """``/dev/shm`` segments matching ``pattern``, created at or after ``since``, that no
-    process maps."""
+    process maps; with ``only``, just those of these names."""
     if not SHM_DIR.is_dir():
         return []
     candidates = []
     for path in SHM_DIR.glob(pattern):
+        if only is not None and path.name not in only:
+            continue
         try:
             if path.stat().st_mtime >= since:
                 candidates.append(path)
@@ -55,19 +80,30 @@ def orphaned_segments(since: float, pattern: str = "psm_*") -> list[Path]:
     return [p for p in candidates if p.name not in mapped]
 
 
-def remove_orphaned_segments(since: float, *, wait: float = 10.0) -> list[str]:
-    """Remove orphaned segments created since ``since``; wait up to ``wait`` s for
-    exiting processes to unmap theirs. Returns the names removed."""
+def remove_orphaned_segments(
+    since: float, *, wait: float = 10.0, only: set[str] | None = None
+) -> list[str]:
+    """Remove orphaned segments created since ``since`` (with ``only``: just those of these
+    names, the ones an engine's own processes were seen to map); wait up to ``wait`` s for
+    exiting processes to unmap them. Returns the names removed."""
     deadline = time.monotonic() + wait
     removed: list[str] = []
     while True:
-        for path in orphaned_segments(since):
+        for path in orphaned_segments(since, only=only):
             try:
                 os.unlink(path)
                 removed.append(path.name)
             except FileNotFoundError:
                 pass
-        pending = [p for p in SHM_DIR.glob("psm_*") if _newer(p, since)] if SHM_DIR.is_dir() else []
+        pending = (
+            [
+                p
+                for p in SHM_DIR.glob("psm_*")
+                if _newer(p, since) and (only is None or p.name in only)
+            ]
+            if SHM_DIR.is_dir()
+            else []
+        )
         if not pending or time.monotonic() >= deadline:
             break
         time.sleep(0.5)
@@ -100,22 +136,32 @@ def detach(argv: list[str]) -> None:
     )
 
 
-def spawn_janitor(pid: int, since: float) -> None:
-    """A detached process that, once ``pid`` (an engine actor) has exited however it ended,
-    removes the orphaned segments created since ``since``, then exits. An actor that Ray
-    kills at shutdown runs no ``__del__``; the janitor still cleans up after it."""
+def spawn_janitor(pid: int, since: float, *dirs: str) -> None:
+    """A detached process that watches ``pid`` (an engine actor) and records the segments
+    its processes map; once it has exited, however it ended, it removes those of them no
+    process maps any more (never another engine's or program's), and the directories
+    ``dirs`` (the engine's private IPC directory), then exits. An actor that Ray kills at
+    shutdown runs no ``__del__``; the janitor still cleans up after it."""
     import sys
 
-    detach([sys.executable, "-m", "ray_stream_llm.integrations.shm", str(pid), repr(since)])
+    argv = [sys.executable, "-m", "ray_stream_llm.integrations.shm", str(pid), repr(since)]
+    detach([*argv, *dirs])
 
 
-def _watch(pid: int, since: float, poll: float = 0.5) -> None:
+def _watch(pid: int, since: float, dirs: list[str], poll: float = 0.5) -> None:
+    import shutil
+
+    seen: set[str] = set()
     while Path(f"/proc/{pid}").exists():
+        seen |= segments_of(pid)
         time.sleep(poll)
-    remove_orphaned_segments(since, wait=5.0)
+    if seen:
+        remove_orphaned_segments(since, wait=5.0, only=seen)
+    for directory in dirs:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 if __name__ == "__main__":
     import sys
 
-    _watch(int(sys.argv[1]), float(sys.argv[2]))
+    _watch(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:])

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -26,12 +28,18 @@ from ray_stream_llm.integrations.compat import (
     vLLMEngineStageUDF,
 )
 from ray_stream_llm.integrations.compile_cache import engine_figures
-from ray_stream_llm.integrations.node_weights import NodeWeights, Sharing, pull_status, start_pull
+from ray_stream_llm.integrations.node_weights import (
+    NodeWeights,
+    Sharing,
+    pull_status,
+    start_pull,
+    wait_all,
+)
 from ray_stream_llm.integrations.progress import progress_enabled
-from ray_stream_llm.integrations.shm import remove_orphaned_segments, spawn_janitor
+from ray_stream_llm.integrations.shm import remove_orphaned_segments, segments_of, spawn_janitor
 from ray_stream_llm.integrations.stream_watch import StreamWatcher, from_streamer, root_cause
 from ray_stream_llm.integrations.telemetry import job_id, node_ip, publish, store_failure
-from ray_stream_llm.integrations.vllm_plugin import REGION_ENV, streamer_settings
+from ray_stream_llm.integrations.vllm_plugin import plugin_inactive_reason, streamer_settings
 from ray_stream_llm.redact import redact
 from ray_stream_llm.reports import build_report
 from ray_stream_llm.stores.settings import ObjectStoreConfig
@@ -213,7 +221,13 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         **kwargs: Any,
     ):
         self._started = time.time() - 1.0  # file mtimes are coarser than time.time()
-        spawn_janitor(os.getpid(), self._started)  # vLLM's shared memory, however we end
+        # vLLM's IPC sockets in a directory of this engine's own (vLLM leaves them in
+        # VLLM_RPC_BASE_PATH, /tmp by default: about 6 per engine start), removed with it
+        rpc_base = os.environ.get("VLLM_RPC_BASE_PATH") or tempfile.gettempdir()
+        self._rpc_dir = tempfile.mkdtemp(prefix="rsl-rpc-", dir=rpc_base)
+        os.environ["VLLM_RPC_BASE_PATH"] = self._rpc_dir
+        # vLLM's shared memory and that directory are removed however the actor ends
+        spawn_janitor(os.getpid(), self._started, self._rpc_dir)
         begin = time.perf_counter()
         uri_text = model
         fetched: FetchReport | None = None
@@ -231,7 +245,6 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
             region, shared = self._share(uri, fetched, sharing)
             if region is not None:  # every engine of the node streams the node's one pull
                 engine_kwargs["model_weights"] = region
-                os.environ[REGION_ENV] = region  # the engine's processes wait per file
             if "tokenizer" in engine_kwargs:
                 engine_kwargs["tokenizer"] = local_metadata(engine_kwargs["tokenizer"])
             model = str(fetched.path)
@@ -239,6 +252,7 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         for attempt in range(1, attempts + 1):
             if stream and region is not None and fetched is not None:
                 start_pull(Path(region), parse_model_uri(uri_text), fetched.weight_objects)
+                self._wait_without_plugin(region)
             watcher = StreamWatcher(uri_text, progress=progress_enabled())
             try:
                 with watcher, ray_stage_shims():
@@ -287,6 +301,19 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
             )
             return
 
+    @staticmethod
+    def _wait_without_plugin(region: str) -> None:
+        """Where vLLM will not run this library's plugin in the engine's processes (which
+        makes them wait for each region file's completion mark), wait here for every mark
+        before vLLM starts: an engine never reads a file still being written."""
+        reason = plugin_inactive_reason()
+        if reason is None:
+            return
+        logger.warning(
+            "%s: the engine waits for the whole shared pull before it starts streaming", reason
+        )
+        wait_all(region)
+
     def _share(
         self, uri: ModelURI, fetched: FetchReport, sharing: Sharing | None
     ) -> tuple[str | None, str]:
@@ -312,12 +339,17 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
                 llm.shutdown()
             except Exception:  # already dead: nothing more to release
                 logger.debug("engine shutdown after a failed start raised", exc_info=True)
-        remove_orphaned_segments(self._started, wait=2.0)
+        # the engine's processes are gone: what they mapped is the janitor's to remove,
+        # once this actor exits (it saw them while they lived)
 
     def __del__(self) -> None:
+        own = segments_of(os.getpid())  # the engine's, while its processes still map them
         super().__del__()  # shuts the engine down
-        if hasattr(self, "_started"):
-            remove_orphaned_segments(self._started)
+        if hasattr(self, "_started") and own:
+            remove_orphaned_segments(self._started, only=own)
+        rpc = getattr(self, "_rpc_dir", None)
+        if rpc is not None:
+            shutil.rmtree(rpc, ignore_errors=True)
         weights = getattr(self, "_node_weights", None)
         if weights is not None:
             weights.release()  # the last engine of the node removes the region

@@ -34,11 +34,10 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 REPORT_DIR_ENV = "RAY_STREAM_LLM_LOAD_REPORT_DIR"
-REGION_ENV = "RAY_STREAM_LLM_SHARED_REGION"  # the node's shared pull (node_weights)
 # The streamer's tuning, as the streaming process sees it (vLLM applies its
 # model_loader_extra_config to this process's environment before it streams).
 STREAMER_SETTINGS = {
@@ -46,6 +45,24 @@ STREAMER_SETTINGS = {
     "memory_limit": "RUNAI_STREAMER_MEMORY_LIMIT",
     "chunk_bytesize": "RUNAI_STREAMER_CHUNK_BYTESIZE",
 }
+
+
+PLUGIN_NAME = "ray_stream_llm_load_report"  # its name in pyproject's vllm.general_plugins
+PLUGIN_GROUP = "vllm.general_plugins"
+
+
+def plugin_inactive_reason(env: Mapping[str, str] | None = None) -> str | None:
+    """Why vLLM will not run this plugin in the engine's processes (``env``: their
+    environment, by default this process's), or None when it will."""
+    from importlib.metadata import entry_points
+
+    environ: Mapping[str, str] = os.environ if env is None else env
+    if not any(ep.name == PLUGIN_NAME for ep in entry_points(group=PLUGIN_GROUP)):
+        return f"the {PLUGIN_GROUP} entry point {PLUGIN_NAME!r} is not installed"
+    allowed = environ.get("VLLM_PLUGINS")
+    if allowed is not None and PLUGIN_NAME not in allowed.split(","):
+        return f"VLLM_PLUGINS={allowed!r} leaves {PLUGIN_NAME!r} out"
+    return None
 
 
 def streamer_settings() -> dict[str, str]:
@@ -92,22 +109,26 @@ def _measured(base: type) -> type:
         """``SafetensorsStreamer`` that reports its sessions to the engine actor."""
 
         def stream_files(self, paths: list[str], *args: Any, **kwargs: Any) -> None:
+            from ray_stream_llm.integrations.node_weights import region_of
+
             begin = time.time()
-            region = os.environ.get(REGION_ENV)
-            shared = bool(region) and all(
-                os.path.dirname(os.path.abspath(p)) == region for p in paths
-            )
-            if shared:  # the node's shared pull: stream file by file as each completes
+            # A file of a node's shared region (known by the region's own marker, however
+            # the path is spelled) is streamed only once its completion mark is there, file
+            # by file as each completes: never a sparse file still being written.
+            shared = any(region_of(p) is not None for p in paths)
+            if shared:
                 self._rsl_pending: tuple[list[str], Any, Any] | None = (list(paths), args, kwargs)
                 planned = sum(os.path.getsize(p) for p in paths)
             else:
                 self._rsl_pending = None
                 super().stream_files(paths, *args, **kwargs)
                 planned = int(self.total_size)
-            self._rsl: dict[str, Any] = {
-                "path": os.path.join(
-                    os.environ[REPORT_DIR_ENV], f"{os.getpid()}-{next(_sessions)}.json"
-                ),
+            directory = os.environ.get(REPORT_DIR_ENV)
+            if not directory:
+                self._rsl: dict[str, Any] | None = None
+                return
+            self._rsl = {
+                "path": os.path.join(directory, f"{os.getpid()}-{next(_sessions)}.json"),
                 "pid": os.getpid(),
                 "rank": tensor_parallel_rank(),
                 "files": [str(p) for p in paths],
@@ -125,6 +146,8 @@ def _measured(base: type) -> type:
 
         def _rsl_flush(self, force: bool = False) -> None:
             state = self._rsl
+            if state is None:
+                return
             now = time.time()
             if not force and now - state.get("_flushed", 0.0) < _FLUSH_S:
                 return
@@ -142,11 +165,11 @@ def _measured(base: type) -> type:
             state = getattr(self, "_rsl", None)
             pending = getattr(self, "_rsl_pending", None)
             if pending is not None:
-                from ray_stream_llm.integrations.node_weights import wait_for
+                from ray_stream_llm.integrations.node_weights import region_of, wait_for
 
                 paths, args, kwargs = pending
                 for path in paths:
-                    waited = wait_for(path)
+                    waited = wait_for(path) if region_of(path) is not None else 0.0
                     if state is not None:
                         state["waited"] += waited
                     super().stream_files([path], *args, **kwargs)
@@ -237,17 +260,17 @@ def _keep_cpu_linear_weights() -> None:
 
 
 def register() -> None:
-    """Entry point of ``vllm.general_plugins``; vLLM may call it more than once per process."""
+    """Entry point of ``vllm.general_plugins``; vLLM may call it more than once per process.
+
+    The streamer is wrapped in every process vLLM runs the plugin in: a read of a shared
+    region's file waits for its completion mark wherever the engine came from. Reports
+    are written only where an engine actor of this library asked for them."""
     if os.environ.get(SHARD_WRITER_ENV) == "1":
         _keep_cpu_linear_weights()
     directory = os.environ.get(REPORT_DIR_ENV)
-    from ray_stream_llm.integrations import compile_cache  # the AOT load fix; compile figures
-
-    compile_cache.install(directory)
-    if not directory:
-        return
-    _copy_to_ray_workers(REPORT_DIR_ENV)
-    _record_failures(directory)
+    if directory:
+        _copy_to_ray_workers(REPORT_DIR_ENV)
+        _record_failures(directory)
     try:
         from vllm.model_executor.model_loader import weight_utils
     except ImportError:

@@ -70,13 +70,18 @@ def _load(scheme: str) -> Backend:
 
 
 def list_model(
-    uri: ModelURI, store: ObjectStoreConfig | None, deadline: StoreDeadline | None = None
+    uri: ModelURI,
+    store: ObjectStoreConfig | None,
+    deadline: StoreDeadline | None = None,
+    *,
+    connections: int = 10,
 ) -> tuple[Client, list[ObjectInfo]]:
-    """A client for ``uri``'s store and every object of the model directory; a typed error
-    when the backend is missing, the prefix holds nothing or the deadline passes."""
+    """A client for ``uri``'s store (``connections``: how many calls it may have open at
+    once) and every object of the model directory; a typed error when the backend is
+    missing, the prefix holds nothing or the deadline passes."""
     deadline = deadline or StoreDeadline(store.timeout_s if store is not None else None)
     impl = backend(uri.scheme)
-    client = impl.make_client(store, deadline)
+    client = impl.make_client(store, deadline, max_pool_connections=connections)
     listing = deadline.call(f"listing {str(uri)!r}", lambda: list(impl.list_objects(client, uri)))
     if not listing:
         raise ModelNotFoundError(
@@ -113,8 +118,19 @@ def read(
     deadline: StoreDeadline,
     start: int | None = None,
     end: int | None = None,
+    *,
+    etag: str | None = None,
 ) -> bytes:
-    """The object ``path`` of the model directory, or its bytes ``start``..``end`` inclusive."""
+    """The object ``path`` of the model directory, or its bytes ``start``..``end`` inclusive;
+    with ``etag``, only from that version of the object (an
+    :class:`~ray_stream_llm.errors.ObjectChangedError` naming it when the store holds
+    another)."""
     return deadline.call(
-        f"reading {path!r} of {str(uri)!r}", backend(uri.scheme).read, client, uri, path, start, end
+        f"reading {path!r} of {str(uri)!r}",
+        functools.partial(backend(uri.scheme).read, etag=etag),
+        client,
+        uri,
+        path,
+        start,
+        end,
     )

@@ -23,7 +23,14 @@ from ray_stream_llm.errors import (
 )
 from ray_stream_llm.redact import redact
 from ray_stream_llm.stores.azure_connection import AZURE_BLOB_SUFFIX
-from ray_stream_llm.stores.base import Client, ObjectInfo, StoreDeadline, timed_out, unreachable
+from ray_stream_llm.stores.base import (
+    Client,
+    ObjectInfo,
+    StoreDeadline,
+    changed,
+    timed_out,
+    unreachable,
+)
 from ray_stream_llm.stores.settings import ObjectStoreConfig, derive_settings, setting
 from ray_stream_llm.uri import ModelURI
 
@@ -35,7 +42,10 @@ _CREDENTIALS_FIX = (
 
 
 def make_client(
-    store: ObjectStoreConfig | None = None, deadline: StoreDeadline | None = None
+    store: ObjectStoreConfig | None = None,
+    deadline: StoreDeadline | None = None,
+    *,
+    max_pool_connections: int = 10,
 ) -> Client:
     """An ``azure.storage.blob.BlobServiceClient``: from ``store`` where it sets something,
     from the environment for the rest."""
@@ -53,6 +63,19 @@ def make_client(
     }
     if store is not None and store.ca_bundle:
         options["connection_verify"] = store.ca_bundle
+    if max_pool_connections > 10:  # requests keeps 10 connections per host by default
+        import requests
+        from azure.core.pipeline.transport import RequestsTransport
+        from requests.adapters import HTTPAdapter
+
+        session = requests.Session()
+        pool = HTTPAdapter(pool_connections=max_pool_connections, pool_maxsize=max_pool_connections)
+        for prefix in ("https://", "http://"):
+            session.mount(prefix, pool)
+        transport = {k: options[k] for k in ("connection_timeout", "read_timeout")}
+        if "connection_verify" in options:
+            transport["connection_verify"] = options["connection_verify"]
+        options["transport"] = RequestsTransport(session=session, session_owner=True, **transport)
     if connection := setting(env, "AZURE_STORAGE_CONNECTION_STRING"):
         try:
             return BlobServiceClient.from_connection_string(connection, **options)
@@ -147,15 +170,29 @@ def download(client: Client, uri: ModelURI, obj: ObjectInfo, dest: str) -> int:
 
 
 def read(
-    client: Client, uri: ModelURI, path: str, start: int | None = None, end: int | None = None
+    client: Client,
+    uri: ModelURI,
+    path: str,
+    start: int | None = None,
+    end: int | None = None,
+    *,
+    etag: str | None = None,
 ) -> bytes:
-    """The blob ``path`` of the model directory, or its bytes ``start``..``end`` inclusive."""
-    from azure.core.exceptions import AzureError
+    """The blob ``path`` of the model directory, or its bytes ``start``..``end`` inclusive;
+    with ``etag`` only from that version (``If-Match``)."""
+    from azure.core import MatchConditions
+    from azure.core.exceptions import AzureError, ResourceModifiedError
 
-    ranged = {} if start is None else {"offset": start, "length": (end or start) - start + 1}
+    options: dict[str, Any] = (
+        {} if start is None else {"offset": start, "length": (end or start) - start + 1}
+    )
+    if etag:
+        options.update(etag=f'"{etag}"', match_condition=MatchConditions.IfNotModified)
     try:
         blob = client.get_blob_client(uri.bucket, uri.key(path))
-        data: bytes = blob.download_blob(**ranged).readall()
+        data: bytes = blob.download_blob(**options).readall()
         return data
+    except ResourceModifiedError:
+        raise changed(uri, path, etag) from None
     except AzureError as exc:
         raise translate(exc, uri, client, f"reading {path!r} of") from None

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from ray_stream_llm.errors import StoreTimeoutError, StoreUnreachableError
+from ray_stream_llm.errors import ObjectChangedError, StoreTimeoutError, StoreUnreachableError
 
 if TYPE_CHECKING:
     from ray_stream_llm.stores.settings import ObjectStoreConfig
@@ -87,9 +87,16 @@ class ObjectInfo:
 class Backend(Protocol):
     """The functions a backend module offers; each raises the typed errors."""
 
-    def make_client(self, store: ObjectStoreConfig | None, deadline: StoreDeadline) -> Client:
+    def make_client(
+        self,
+        store: ObjectStoreConfig | None,
+        deadline: StoreDeadline,
+        *,
+        max_pool_connections: int = 10,
+    ) -> Client:
         """A client for the store, from ``store`` where it sets something, else the
-        environment; every call it makes is bounded by ``deadline``."""
+        environment; every call it makes is bounded by ``deadline``; it keeps up to
+        ``max_pool_connections`` connections open (for parallel ranged reads)."""
 
     def endpoint_of(self, client: Client) -> str:
         """The endpoint the client talks to, safe to show."""
@@ -107,8 +114,11 @@ class Backend(Protocol):
         path: str,
         start: int | None = None,
         end: int | None = None,
+        *,
+        etag: str | None = None,
     ) -> bytes:
-        """An object of the model directory, or its bytes ``start`` to ``end`` inclusive."""
+        """An object of the model directory, or its bytes ``start`` to ``end`` inclusive;
+        with ``etag`` only from that version (ObjectChangedError naming it otherwise)."""
 
 
 BACKEND_FUNCTIONS = ("make_client", "endpoint_of", "list_objects", "download", "read")
@@ -119,6 +129,15 @@ def timed_out(where: str, seconds: float | None = None) -> StoreTimeoutError:
     return StoreTimeoutError(
         f"the store did not answer{within} ({where}); check the endpoint and the network, "
         "or raise ObjectStoreConfig.timeout_s"
+    )
+
+
+def changed(uri: ModelURI, path: str, etag: str | None) -> ObjectChangedError:
+    """The store holds another version of ``path`` than the one listed (ETag ``etag``)."""
+    return ObjectChangedError(
+        f"{path!r} of {str(uri)!r} changed in the store while it was read (it is no longer "
+        f"the version with ETag {etag!r}); nothing of the new version was used: run the job "
+        "again to load it"
     )
 
 

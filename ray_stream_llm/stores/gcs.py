@@ -22,7 +22,14 @@ from ray_stream_llm.errors import (
     StoreUnreachableError,
 )
 from ray_stream_llm.redact import redact
-from ray_stream_llm.stores.base import Client, ObjectInfo, StoreDeadline, timed_out, unreachable
+from ray_stream_llm.stores.base import (
+    Client,
+    ObjectInfo,
+    StoreDeadline,
+    changed,
+    timed_out,
+    unreachable,
+)
 from ray_stream_llm.stores.settings import ObjectStoreConfig, derive_settings, setting
 from ray_stream_llm.uri import ModelURI
 
@@ -45,7 +52,10 @@ def _retry() -> Any:
 
 
 def make_client(
-    store: ObjectStoreConfig | None = None, deadline: StoreDeadline | None = None
+    store: ObjectStoreConfig | None = None,
+    deadline: StoreDeadline | None = None,
+    *,
+    max_pool_connections: int = 10,
 ) -> Client:
     """A ``google.cloud.storage.Client``: from ``store`` where it sets something, from the
     environment for the rest."""
@@ -79,9 +89,16 @@ def make_client(
         ) from None
     options = {"api_endpoint": endpoint} if endpoint else None
     # "<none>": listing and reading objects need no project (as Client.create_anonymous_client)
-    return storage.Client(
+    client = storage.Client(
         project=project or "<none>", credentials=credentials, client_options=options
     )
+    if max_pool_connections > 10:  # requests keeps 10 connections per host by default
+        from requests.adapters import HTTPAdapter
+
+        pool = HTTPAdapter(pool_connections=max_pool_connections, pool_maxsize=max_pool_connections)
+        for prefix in ("https://", "http://"):
+            client._http.mount(prefix, pool)
+    return client
 
 
 def endpoint_of(client: Client) -> str:
@@ -165,12 +182,29 @@ def download(client: Client, uri: ModelURI, obj: ObjectInfo, dest: str) -> int:
 
 
 def read(
-    client: Client, uri: ModelURI, path: str, start: int | None = None, end: int | None = None
+    client: Client,
+    uri: ModelURI,
+    path: str,
+    start: int | None = None,
+    end: int | None = None,
+    *,
+    etag: str | None = None,
 ) -> bytes:
-    """The object ``path`` of the model directory, or its bytes ``start``..``end`` inclusive."""
+    """The object ``path`` of the model directory, or its bytes ``start``..``end`` inclusive;
+    with ``etag`` (the listing's ETag, or its generation where it gave none) only from that
+    version."""
+    from google.api_core import exceptions as gexc
+
     blob = client.bucket(uri.bucket).blob(uri.key(path))
+    pinned: dict[str, Any] = {}
+    if etag:
+        pinned = {"if_generation_match": int(etag)} if etag.isdigit() else {"if_etag_match": etag}
     try:
-        data: bytes = blob.download_as_bytes(start=start, end=end, retry=_retry(), timeout=_TIMEOUT)
+        data: bytes = blob.download_as_bytes(
+            start=start, end=end, retry=_retry(), timeout=_TIMEOUT, **pinned
+        )
+    except gexc.PreconditionFailed:
+        raise changed(uri, path, etag) from None
     except _errors() as exc:
         raise translate(exc, uri, client, f"reading {path!r} of") from None
     return data

@@ -20,7 +20,14 @@ from ray_stream_llm.errors import (
     StoreUnreachableError,
 )
 from ray_stream_llm.redact import redact
-from ray_stream_llm.stores.base import Client, ObjectInfo, StoreDeadline, timed_out, unreachable
+from ray_stream_llm.stores.base import (
+    Client,
+    ObjectInfo,
+    StoreDeadline,
+    changed,
+    timed_out,
+    unreachable,
+)
 from ray_stream_llm.stores.settings import ObjectStoreConfig, s3_addressing_style, setting
 from ray_stream_llm.uri import ModelURI
 
@@ -196,16 +203,31 @@ def download(client: Client, uri: ModelURI, obj: ObjectInfo, dest: str) -> int:
 
 
 def read(
-    client: Client, uri: ModelURI, path: str, start: int | None = None, end: int | None = None
+    client: Client,
+    uri: ModelURI,
+    path: str,
+    start: int | None = None,
+    end: int | None = None,
+    *,
+    etag: str | None = None,
 ) -> bytes:
-    """The object ``path`` of the model directory, or its bytes ``start``..``end`` inclusive."""
+    """The object ``path`` of the model directory, or its bytes ``start``..``end`` inclusive;
+    with ``etag`` only from that version (``If-Match``)."""
     from botocore import exceptions as bexc
 
     kwargs: dict[str, str] = {"Bucket": uri.bucket, "Key": uri.key(path)}
     if start is not None:
         kwargs["Range"] = f"bytes={start}-{end}"
+    if etag:
+        kwargs["IfMatch"] = f'"{etag}"'
     try:
         data: bytes = client.get_object(**kwargs)["Body"].read()
     except (bexc.BotoCoreError, bexc.ClientError) as exc:
+        if isinstance(exc, bexc.ClientError) and _code(exc) in ("PreconditionFailed", "412"):
+            raise changed(uri, path, etag) from None
         raise translate(exc, uri, client, f"reading {path!r} of") from None
     return data
+
+
+def _code(exc: Any) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))

@@ -36,13 +36,14 @@ def private_dirs(work: Path) -> dict[str, str]:
     return {name: str(path) for name, path in dirs.items()}
 
 
-def isolated_env(work: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def isolated_env(work: Path, extra: Mapping[str, str | None] | None = None) -> dict[str, str]:
     """A process environment whose user-level paths are all under ``work`` (created):
-    ``home``, ``tmp``, ``rpc`` and ``inductor``; ``extra`` is added last."""
+    ``home``, ``tmp``, ``rpc`` and ``inductor``; ``extra`` is added last (a value of
+    None removes that variable: e.g. ``TMPDIR``, to run as a user who never set it)."""
     home, tmp = work / "home", work / "tmp"
     for path in (home, tmp):
         path.mkdir(parents=True, exist_ok=True)
-    return {
+    env: dict[str, str | None] = {
         "PATH": os.environ.get("PATH", ""),
         "LANG": "C.UTF-8",
         "HOME": str(home),
@@ -51,12 +52,13 @@ def isolated_env(work: Path, extra: Mapping[str, str] | None = None) -> dict[str
         **private_dirs(work),
         **(extra or {}),
     }
+    return {name: value for name, value in env.items() if value is not None}
 
 
 def run_isolated(
     argv: Sequence[str],
     work: Path,
-    extra: Mapping[str, str] | None = None,
+    extra: Mapping[str, str | None] | None = None,
     *,
     timeout: float = 900,
 ) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,366 @@
+"""The node's shared region fails closed and keeps its integrity (issue 19), without Ray and
+without a vLLM engine: the real S3 server (SeaweedFS), the real Run:ai streamer wrapped by
+the library's vLLM plugin, real processes and real shared-memory files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from helpers.s3log import copy_model
+from safetensors.torch import load_file
+
+from ray_stream_llm import stores
+from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig, resolve_sharing_dir
+from ray_stream_llm.errors import InvalidSettingError, NotStreamableError
+from ray_stream_llm.fetch import fetch_metadata_report
+from ray_stream_llm.integrations import node_weights, shm
+from ray_stream_llm.integrations.node_weights import NodeWeights, Sharing, wait_for
+from ray_stream_llm.manifest import inspect_model
+from ray_stream_llm.tools.throttle import Throttle
+from ray_stream_llm.uri import parse_model_uri
+
+pytestmark = [pytest.mark.s3]
+
+
+@pytest.fixture
+def base():
+    """A region base on /dev/shm (memory-backed), private to the test, removed after."""
+    import shutil
+
+    path = Path("/dev/shm") / f"rsl-trust-{os.getpid()}-{time.monotonic_ns()}"
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _slow_link(s3_server, monkeypatch, rate: float) -> Throttle:
+    """The store behind a capped link, for every client this process makes from now on (the
+    first MiB passes at once, the rest at ``rate``)."""
+    link = Throttle(s3_server.port, rate)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", link.endpoint_url)
+    return link
+
+
+def _wait_until(predicate, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
+# --- 1. fail closed: a region file is read only once complete, however it is spelled --------
+def test_the_plugin_waits_for_a_region_file_named_by_a_relative_path(
+    s3_server, s3_env, tiny_models, base, monkeypatch
+):
+    """Before: the plugin compared the file's directory with a variable's string and
+    streamed a relative spelling at once, reading a sparse file still being written."""
+    from runai_model_streamer import SafetensorsStreamer
+
+    from ray_stream_llm.integrations.vllm_plugin import _measured
+
+    model = copy_model(s3_server, tiny_models["sharded"], "relative")
+    report = fetch_metadata_report(model.uri)
+    last = sorted(o.path for o in report.weight_objects)[-1]
+    with _slow_link(s3_server, monkeypatch, rate=64 << 10):
+        weights = NodeWeights(parse_model_uri(model.uri), report.weight_objects,
+                              Sharing("node", base=str(base)))  # fmt: skip
+        region = Path(weights.acquire())
+        assert not node_weights.done(region, last)  # the pull is still on its way
+        monkeypatch.chdir(base)
+        relative = os.path.relpath(region / last, base)  # "<node>/<key>/model-0000N-of..."
+        monkeypatch.delenv("RAY_STREAM_LLM_LOAD_REPORT_DIR", raising=False)
+        streamer = _measured(SafetensorsStreamer)()
+        with streamer:
+            streamer.stream_files([relative])
+            got = {name: tensor.clone() for name, tensor in streamer.get_tensors()}
+        assert node_weights.done(region, last)  # it was complete when it was read
+        weights.release()
+    expected = load_file(str(model.local / last))
+    assert set(got) == set(expected) and all(torch.equal(got[k], expected[k]) for k in expected)
+
+
+def test_region_of_knows_a_region_by_its_marker(base, tmp_path):
+    region = base / "node" / "key"
+    region.mkdir(parents=True)
+    (region / "model.safetensors").write_bytes(b"")
+    assert node_weights.region_of(region / "model.safetensors") is None  # no marker yet
+    (region / node_weights.CREATED).write_text("{}")
+    for spelling in (
+        str(region / "model.safetensors"),
+        str(region / ".." / "key" / "model.safetensors"),
+        os.path.relpath(region / "model.safetensors"),
+    ):
+        assert node_weights.region_of(spelling) == region, spelling
+    assert node_weights.region_of(tmp_path / "model.safetensors") is None
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [("rel-region", "relative path"), ("./regions", "relative path"), ("", "directory path")],
+)
+def test_a_weight_sharing_dir_every_actor_would_read_differently_is_refused(value, problem):
+    with pytest.raises(InvalidSettingError) as err:
+        StreamingvLLMEngineProcessorConfig(
+            model_source="s3://models/tiny/",
+            engine_kwargs={"load_format": "runai_streamer"},
+            weight_sharing="node",
+            weight_sharing_dir=value,
+        )
+    assert repr(value) in str(err.value) and problem in str(err.value)
+
+
+def test_a_weight_sharing_dir_is_resolved_on_the_driver(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = StreamingvLLMEngineProcessorConfig(
+        model_source="s3://models/tiny/",
+        engine_kwargs={"load_format": "runai_streamer"},
+        weight_sharing_dir="~/regions/../shm/",
+    )
+    assert config.weight_sharing_dir == str(tmp_path / "shm")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InvalidSettingError, match="is a file"):
+        resolve_sharing_dir(str(tmp_path / "file"))
+
+
+# --- 2. only what vLLM streams: the top level -------------------------------------------------
+def test_nested_safetensors_are_neither_pulled_nor_taken_for_the_model(
+    s3_server, s3_env, tiny_models, base
+):
+    model = copy_model(s3_server, tiny_models["single"], "nested")
+    s3_server.put(model.uri + "lora/adapter_model.safetensors", b"not vLLM's to load")
+    report = fetch_metadata_report(model.uri)
+    assert [o.path for o in report.weight_objects] == ["model.safetensors"]
+    weights = NodeWeights(parse_model_uri(model.uri), report.weight_objects,
+                          Sharing("node", base=str(base)))  # fmt: skip
+    region = Path(weights.acquire())
+    for obj in report.weight_objects:
+        wait_for(str(region / obj.path))
+    assert sorted(p.name for p in region.iterdir() if not p.name.startswith(".")) == [
+        "model.safetensors"
+    ]
+    weights.release()
+
+    only_nested = f"s3://models/tiny/fetch-test/only-nested-{uuid.uuid4().hex[:8]}/"
+    s3_server.put(only_nested + "config.json", (model.local / "config.json").read_bytes())
+    s3_server.put(
+        only_nested + "original/model.safetensors",
+        (model.local / "model.safetensors").read_bytes(),
+    )
+    with pytest.raises(NotStreamableError) as err:
+        inspect_model(only_nested).raise_if_not_streamable()
+    assert "'original/model.safetensors'" in str(err.value) and "vLLM does not load" in str(
+        err.value
+    )
+
+
+# --- 5. integrity ---------------------------------------------------------------------------
+def test_an_object_replaced_mid_pull_fails_by_name_and_is_never_marked_done(
+    s3_server, s3_env, tiny_models, base, monkeypatch
+):
+    model = copy_model(s3_server, tiny_models["single"], "replaced")
+    report = fetch_metadata_report(model.uri)
+    [obj] = report.weight_objects
+    # 1.6 MB in 7 ranged GETs, 2 at a time, each about a second: most are asked for after
+    # the new version landed
+    monkeypatch.setattr(node_weights, "CHUNK", 256 << 10)
+    monkeypatch.setattr(node_weights, "WORKERS", 2)
+    assert obj.size > 6 * node_weights.CHUNK
+    link = Throttle(s3_server.port, 256 << 10, burst=64 << 10)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", link.endpoint_url)
+    with link:
+        weights = NodeWeights(parse_model_uri(model.uri), report.weight_objects,
+                              Sharing("node", base=str(base)))  # fmt: skip
+        region = Path(weights.acquire())
+        # another version of the same size lands while the ranges are on their way
+        s3_server.put(model.uri + obj.path, os.urandom(obj.size))
+        with pytest.raises(RuntimeError) as err:
+            wait_for(str(region / obj.path))
+    message = str(err.value)
+    assert "ObjectChangedError" in message and repr(obj.path) in message, message
+    assert not node_weights.done(region, obj.path)
+    weights.release()
+
+
+def test_a_region_pinned_to_a_listing_the_store_no_longer_has_is_refused(
+    s3_server, s3_env, tiny_models, base
+):
+    model = copy_model(s3_server, tiny_models["single"], "stale-listing")
+    report = fetch_metadata_report(model.uri)
+    [obj] = report.weight_objects
+    s3_server.put(model.uri + obj.path, os.urandom(obj.size))  # replaced after the listing
+    weights = NodeWeights(parse_model_uri(model.uri), report.weight_objects,
+                          Sharing("node", base=str(base)))  # fmt: skip
+    region = Path(weights.acquire())
+    with pytest.raises(RuntimeError, match="changed in the store") as err:
+        wait_for(str(region / obj.path))
+    assert repr(obj.path) in str(err.value)
+    weights.release()
+
+
+def test_the_pull_has_a_connection_per_worker_and_a_budget_for_its_size(s3_env, tiny_models):
+    client, _ = stores.list_model(
+        parse_model_uri(tiny_models["single"].uri), None, connections=node_weights.WORKERS
+    )
+    assert client.meta.config.max_pool_connections == node_weights.WORKERS
+    assert node_weights.pull_timeout(10 << 30, 30.0) == 30.0 + (10 << 30) / (4 << 20)
+    assert node_weights.pull_timeout(0, 30.0) == 30.0
+
+
+def test_regions_no_live_process_uses_are_swept_at_the_next_start(
+    s3_server, s3_env, tiny_models, base
+):
+    """A job killed with its reaper leaves a region under a node id no one uses any more:
+    the next region made on the node removes it; one still held is kept."""
+    left = base / "old-node-id" / "0123456789abcdef"
+    (left / ".refs").mkdir(parents=True)
+    (left / ".done").mkdir()
+    (left / ".lock").touch()
+    (left / "model.safetensors").write_bytes(b"\0" * 4096)
+    (left / ".refs" / "999999999-0").touch()  # a process that is gone
+    held = base / "other-node" / "fedcba9876543210"
+    (held / ".refs").mkdir(parents=True)
+    (held / ".done").mkdir()
+    (held / ".lock").touch()
+    start = node_weights._proc_start(os.getpid())
+    (held / ".refs" / f"{os.getpid()}-{start}").touch()  # this live process
+    report = fetch_metadata_report(tiny_models["single"].uri)
+    weights = NodeWeights(parse_model_uri(report.uri), report.weight_objects,
+                          Sharing("node", base=str(base)))  # fmt: skip
+    region = Path(weights.acquire())
+    assert not left.exists() and not left.parent.exists()
+    assert held.exists() and region.exists()
+    weights.release()
+
+
+# --- 5. the shm janitor removes only what the engine's own processes mapped ------------------
+# a process that maps a /dev/shm segment of its own and waits
+_MAPPER = textwrap.dedent("""
+    import mmap, os, time
+    fd = os.open("/dev/shm/{name}", os.O_RDWR | os.O_CREAT, 0o600)
+    os.ftruncate(fd, mmap.PAGESIZE)
+    m = mmap.mmap(fd, mmap.PAGESIZE)
+    print("mapped", flush=True)
+    time.sleep(600)
+""")
+
+
+def test_the_janitor_removes_only_segments_the_engines_processes_mapped(tmp_path):
+    tag = uuid.uuid4().hex[:8]
+    own, foreign = f"psm_rsl{tag}own", f"psm_rsl{tag}other"
+    since = time.time() - 1
+    fd = os.open(f"/dev/shm/{foreign}", os.O_RDWR | os.O_CREAT, 0o600)  # not the engine's
+    os.close(fd)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _MAPPER.format(name=own)], stdout=subprocess.PIPE, text=True
+    )
+    rpc = tmp_path / "rsl-rpc-x"
+    rpc.mkdir()
+    watcher = threading.Thread(target=shm._watch, args=(child.pid, since, [str(rpc)], 0.05))
+    try:
+        assert child.stdout.readline().strip() == "mapped"
+        watcher.start()
+        _wait_until(lambda: own in shm.segments_of(child.pid))
+        time.sleep(0.2)  # the janitor polls
+        child.send_signal(signal.SIGKILL)  # the engine dies without unlinking its segment
+        child.wait()
+        watcher.join(timeout=30)
+        assert not watcher.is_alive()
+        assert not Path(f"/dev/shm/{own}").exists()  # the engine's own: removed
+        assert Path(f"/dev/shm/{foreign}").exists()  # unmapped, but not the engine's: kept
+        assert not rpc.exists()
+    finally:
+        child.kill()
+        for name in (own, foreign):
+            Path(f"/dev/shm/{name}").unlink(missing_ok=True)
+
+
+def test_segments_of_sees_a_process_and_its_children():
+    name = f"psm_rsl{uuid.uuid4().hex[:8]}kid"
+    kid = _MAPPER.format(name=name)
+    code = textwrap.dedent(f"""
+        import subprocess, sys, time
+        kid = subprocess.Popen([sys.executable, "-c", {kid!r}], stdout=subprocess.PIPE, text=True)
+        print(kid.stdout.readline().strip(), kid.pid, flush=True)
+        time.sleep(600)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        word, kid = parent.stdout.readline().split()
+        assert word == "mapped" and psutil.pid_exists(int(kid))
+        assert name in shm.segments_of(parent.pid)  # its child maps it
+        other = subprocess.Popen(["sleep", "30"])  # not of that process tree
+        try:
+            assert name not in shm.segments_of(other.pid)
+        finally:
+            other.kill()
+            other.wait()
+    finally:
+        for proc in psutil.Process(parent.pid).children(recursive=True):
+            proc.kill()
+        parent.kill()
+        parent.wait()
+        Path(f"/dev/shm/{name}").unlink(missing_ok=True)
+
+
+# --- 6. the library's own cache heals; a user's dest is refused at the first foreign file ----
+@pytest.mark.parametrize("marker", [b"{garbage", None], ids=["damaged-marker", "no-marker"])
+def test_a_cache_directory_whose_marker_is_damaged_is_fetched_again(
+    s3_server, s3_env, tiny_models, marker
+):
+    """Before: every later fetch raised ForeignFilesError naming the files it had written
+    itself, and every job on the node failed until someone deleted the directory."""
+    from helpers.s3log import AccessLog, prefix_of
+
+    from ray_stream_llm.fetch import MARKER
+
+    model = copy_model(s3_server, tiny_models["single"], "heal-marker")
+    path = fetch_metadata_report(model.uri).path
+    files = {p.name: p.read_bytes() for p in path.iterdir() if p.name != MARKER}
+    if marker is None:
+        (path / MARKER).unlink()
+    else:
+        (path / MARKER).write_bytes(marker)
+    log = AccessLog(s3_server)
+    report = fetch_metadata_report(model.uri)
+    assert report.downloaded and report.path == path
+    assert {p.name: p.read_bytes() for p in path.iterdir() if p.name != MARKER} == files
+    assert set(log.gets(prefix_of(model.uri))) == {prefix_of(model.uri) + n for n in files}
+    assert not fetch_metadata_report(model.uri).downloaded  # healed: reused from now on
+
+
+def test_refusing_a_users_dest_stops_at_the_first_foreign_file(
+    s3_env, tiny_models, tmp_path, monkeypatch
+):
+    """Before: the refusal listed every file under dest first (dest='/' walked 553,647
+    files, 13.9 s)."""
+    from ray_stream_llm import fetch
+    from ray_stream_llm.errors import ForeignFilesError
+
+    dest = tmp_path / "mine"
+    for i in range(50):
+        (dest / f"d{i}").mkdir(parents=True)
+        (dest / f"d{i}" / "notes.txt").write_text("mine\n")
+    walked: list[str] = []
+    real_walk = os.walk
+
+    def counting_walk(top, *args, **kwargs):
+        for entry in real_walk(top, *args, **kwargs):
+            walked.append(entry[0])
+            yield entry
+
+    monkeypatch.setattr(fetch.os, "walk", counting_walk)
+    with pytest.raises(ForeignFilesError) as err:
+        fetch.fetch_model_metadata(tiny_models["single"].uri, dest)
+    assert "first found: 'd" in str(err.value) and "nothing was changed" in str(err.value)
+    assert len(walked) <= 2  # dest, then the first folder with a file: not all 51
+    assert all((dest / f"d{i}" / "notes.txt").read_text() == "mine\n" for i in range(50))
