@@ -268,6 +268,9 @@ def register() -> None:
     if os.environ.get(SHARD_WRITER_ENV) == "1":
         _keep_cpu_linear_weights()
     directory = os.environ.get(REPORT_DIR_ENV)
+    from ray_stream_llm.integrations import compile_cache  # the AOT load fix; compile figures
+
+    compile_cache.install(directory)
     if directory:
         _copy_to_ray_workers(REPORT_DIR_ENV)
         _record_failures(directory)
