@@ -226,6 +226,7 @@ class NodeWeights:
         self.objects = objects
         self.sharing = sharing
         self.region = region_for(uri, objects, sharing.base)
+        self.reason: str | None = None  # why the weights are not shared here, if they are not
         self._ref: Path | None = None
 
     @property
@@ -268,6 +269,7 @@ class NodeWeights:
         return str(self.region)
 
     def _cannot(self, reason: str) -> None:
+        self.reason = reason  # for the load report
         if self.sharing.required:
             raise WeightSharingError(
                 f"weight_sharing='node' for {str(self.uri)!r}: the weights "

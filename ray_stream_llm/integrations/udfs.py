@@ -18,6 +18,7 @@ from typing import Any
 
 from ray_stream_llm.errors import EngineStartError, RayStreamLLMError, WeightLoadError
 from ray_stream_llm.fetch import FetchReport, fetch_metadata_report
+from ray_stream_llm.integrations import memory
 from ray_stream_llm.integrations.compat import (
     ChatTemplateUDF,
     DetokenizeUDF,
@@ -116,9 +117,6 @@ def _prepare(
     return str(report.path)
 
 
-KV_CACHE_SHARE = 0.2  # of the memory available when the engine starts
-KV_CACHE_MIN = 256 << 20
-KV_CACHE_MAX = 8 << 30
 _KV_CACHE_SETTINGS = ("kv_cache_memory_bytes", "gpu_memory_utilization")
 
 
@@ -136,7 +134,6 @@ def cpu_kv_cache_default(engine_kwargs: dict[str, Any]) -> dict[str, Any]:
         return engine_kwargs
     if any(engine_kwargs.get(name) is not None for name in _KV_CACHE_SETTINGS):
         return engine_kwargs
-    from ray_stream_llm.integrations import memory
     from ray_stream_llm.integrations.node_weights import DEFAULT_BASE
 
     available, where = memory.available_for_engine(Path(DEFAULT_BASE))
@@ -237,6 +234,10 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         _prepare(secret_env, False, None)  # logging and secrets; the fetch is next
         engine_kwargs = cpu_kv_cache_default(engine_kwargs)
         if stream:
+            # the streamer's CPU buffer bounded by the actor's memory, unless the user chose
+            memory.streamer_memory_limit(
+                engine_kwargs, memory.engines_per_node(sharing.engine_resources if sharing else {})
+            )
             uri = parse_model_uri(model)
             fetched = fetch_metadata_report(uri)
             engine_kwargs = dict(engine_kwargs)
@@ -327,8 +328,9 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
             store_failure(exc)  # for ray_stream_llm.typed_errors() on the driver
             raise
         if region is None:
+            reason = self._node_weights.reason
             self._node_weights = None
-            return None, "off: the node cannot hold the weights (see the actor's warning)"
+            return None, f"off: {reason}"
         return region, "node"
 
     def _release_engine(self) -> None:
