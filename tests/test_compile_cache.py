@@ -104,3 +104,42 @@ def test_the_load_fix_is_feature_detected():
     finally:
         if not had and "finalize_loading" in vars(cls):
             del cls.finalize_loading
+
+
+def test_a_shared_region_keys_the_compile_cache_by_its_digest_not_its_node(tiny_layout, tmp_path):
+    """vLLM's AOT cache key hashes model_weights; an engine on the node's shared region has
+    ``<base>/<ray node id>/<digest>`` there. With the plugin's key, the same region on
+    another node (or the same node in a new Ray cluster) gives the same key, another
+    region another key, and anything else is keyed as vLLM keys it."""
+    from vllm.compilation import caching
+    from vllm.engine.arg_utils import EngineArgs
+
+    from ray_stream_llm.integrations.node_weights import CREATED
+
+    regions = []
+    for node, digest in (("node-a", "0123"), ("node-b", "0123"), ("node-b", "4567")):
+        (tmp_path / node / digest).mkdir(parents=True)
+        (tmp_path / node / digest / CREATED).write_text("{}")
+        regions.append(str(tmp_path / node / digest))
+    config = EngineArgs(
+        model=str(tiny_layout("single")), load_format="runai_streamer"
+    ).create_engine_config()
+
+    def key(weights: str) -> list[str]:
+        config.model_config.model_weights = weights
+        return list(caching.aot_compile_hash_factors(config))
+
+    installed = caching.aot_compile_hash_factors  # vLLM's, or the plugin's if it ran here
+    original = getattr(installed, "__wrapped__", installed)
+    caching.aot_compile_hash_factors = original
+    assert key(regions[0]) != key(regions[1])  # vLLM's own key: one per node
+    try:
+        assert compile_cache.stable_key()
+        assert key(regions[0]) == key(regions[1]) != key(regions[2])
+        assert config.model_config.model_weights == regions[2]  # left as vLLM had it
+        assert compile_cache.stable_key()  # idempotent
+        for weights in ("s3://models/tiny/single/", str(tmp_path / "node-a"), ""):
+            config.model_config.model_weights = weights  # not a region: vLLM's own key
+            assert caching.aot_compile_hash_factors(config) == original(config)
+    finally:
+        caching.aot_compile_hash_factors = installed

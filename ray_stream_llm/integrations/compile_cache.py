@@ -46,12 +46,17 @@ _PATCHED = "_rsl_compile_measured"
 
 
 def install(directory: str | None) -> None:
-    """From the plugin's ``register()`` in each vLLM process: the load fix, and the
-    measurement when the engine actor named a report ``directory``. Never raises."""
+    """From the plugin's ``register()`` in each vLLM process: the load fix, the node-stable
+    cache key, and the measurement when the engine actor named a report ``directory``.
+    Never raises."""
     try:
         fix_aot_load()
     except Exception:  # a vLLM or torch this code does not know: leave vLLM as it is
         logging.getLogger(__name__).debug("AOT load fix not applied", exc_info=True)
+    try:
+        stable_key()
+    except Exception:
+        logging.getLogger(__name__).debug("compile cache key left as vLLM makes it", exc_info=True)
     if directory:
         try:
             measure(directory)
@@ -95,6 +100,58 @@ def fix_aot_load() -> bool:
     from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as cls
 
     cls.finalize_loading = _finalize_nothing
+    return True
+
+
+# --- one key per model on every node ---------------------------------------------------------
+_KEYED = "_rsl_region_keyed"
+
+
+def region_identity(weights: Any) -> str | None:
+    """What a node's shared region stands for in a compile cache key: its name (a digest of
+    the model URI and its objects' sizes and ETags, ``node_weights.region_for``) without its
+    path, which holds the Ray node's ID (new with every cluster); None for anything that is
+    not a region directory."""
+    if not isinstance(weights, str) or not weights:
+        return None
+    from ray_stream_llm.integrations.node_weights import CREATED
+
+    path = os.path.realpath(os.path.expanduser(weights))
+    if not os.path.isfile(os.path.join(path, CREATED)):
+        return None
+    return f"ray_stream_llm-region:{os.path.basename(path)}"
+
+
+def stable_key() -> bool:
+    """vLLM's AOT compile cache key (``vllm.compilation.caching.aot_compile_hash_factors``)
+    hashes ``model_weights``, which for an engine streaming from the node's shared region is
+    ``<base>/<ray node id>/<digest>``: a new key, so a new compile, on every Ray cluster the
+    node joins. The key is computed with the region's :func:`region_identity` instead (the
+    weights' location never changes the compiled code; their identity stays in the key).
+    Whether it is in place."""
+    from vllm.compilation import caching
+
+    original = getattr(caching, "aot_compile_hash_factors", None)
+    if original is None:
+        return False
+    if getattr(original, _KEYED, False):
+        return True
+
+    def aot_compile_hash_factors(vllm_config: Any) -> list[str]:
+        model_config = getattr(vllm_config, "model_config", None)
+        weights = getattr(model_config, "model_weights", None)
+        identity = region_identity(weights)
+        if identity is None or model_config is None:
+            return list(original(vllm_config))
+        model_config.model_weights = identity
+        try:
+            return list(original(vllm_config))
+        finally:
+            model_config.model_weights = weights
+
+    setattr(aot_compile_hash_factors, _KEYED, True)
+    aot_compile_hash_factors.__wrapped__ = original  # type: ignore[attr-defined]
+    caching.aot_compile_hash_factors = aot_compile_hash_factors
     return True
 
 
