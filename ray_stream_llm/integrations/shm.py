@@ -144,7 +144,9 @@ def spawn_janitor(pid: int, since: float, *dirs: str) -> None:
     shutdown runs no ``__del__``; the janitor still cleans up after it."""
     import sys
 
-    argv = [sys.executable, "-m", "ray_stream_llm.integrations.shm", str(pid), repr(since)]
+    # run as a script, not ``-m``: the package's __init__ imports Ray (about 250 MB and
+    # seconds of CPU in every janitor); this module needs the standard library and psutil
+    argv = [sys.executable, os.path.abspath(__file__), str(pid), repr(since)]
     detach([*argv, *dirs])
 
 
