@@ -211,6 +211,16 @@ class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
         "memory-backed): an absolute path (~ is expanded on the driver; a relative path is "
         "refused). A disk path named here is used as given: the weights then reach that disk.",
     )
+    keep_warm_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="Shared weights (weight_sharing 'node' or 'auto'): seconds a node keeps "
+        "its complete copy of the weights in memory after the job's last engine on it "
+        "ends, so that the next job of the same model on that node streams from memory and "
+        "reads no weight byte from the store. 0: removed with the last engine. Kept copies "
+        "count against the node's memory check and are dropped first when a new model "
+        "needs the room. With a value above 0, 'auto' shares a single engine's weights too.",
+    )
     small_cluster_defaults: Literal["auto", "on", "off"] = Field(
         default="auto",
         description="Any load format: 'auto' keeps Ray's stage resources unless the cluster "

@@ -216,13 +216,15 @@ def resolve_sharing(
         )
     if config.weight_sharing == "off" or workers > 1:
         return Sharing("off")
-    if config.weight_sharing == "auto" and _engines(config) <= 1:
+    if config.weight_sharing == "auto" and _engines(config) <= 1 and not config.keep_warm_s:
         return Sharing("off")
     return Sharing(
         "node",
         base=base,
         required=config.weight_sharing == "node",
         engine_resources=_engine_bundle(config, updates, engine_on_cpu),
+        pull_timeout_s=config.object_store.timeout_s if config.object_store else None,
+        keep_warm_s=config.keep_warm_s,
     )
 
 

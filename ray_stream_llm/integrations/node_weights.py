@@ -73,6 +73,7 @@ class Sharing:
     required: bool = False
     engine_resources: dict[str, float] = dataclasses.field(default_factory=dict)
     pull_timeout_s: float | None = None  # the store's budget per call (None: the default)
+    keep_warm_s: float = 0.0  # how long a complete region outlives its last engine
 
     def node_can_host_an_engine(self) -> bool:
         """Whether this node has the resources one engine asks for (a CPU-only node of a
@@ -243,9 +244,12 @@ class NodeWeights:
             return None
         created = False
         sweep_regions(base, keep=self.region)
+        adopted = _adopt_warm(self.region)  # the same weights kept warm by an earlier job
         with _locked(self.region):
             if not (self.region / CREATED).exists():
                 problem = memory_problem(base, self.weight_bytes)
+                if problem and sweep_regions(base, keep=self.region, warm_too=True):
+                    problem = memory_problem(base, self.weight_bytes)  # warm ones made room
                 if problem:
                     shutil.rmtree(self.region, ignore_errors=True)
                     self._cannot(problem)
@@ -257,13 +261,15 @@ class NodeWeights:
                     "uri": str(self.uri),
                     "objects": [dataclasses.asdict(o) for o in self.objects],
                     "timeout_s": self.sharing.pull_timeout_s,
+                    "keep_warm_s": self.sharing.keep_warm_s,
                 }
                 (self.region / CREATED).write_text(json.dumps(marker))
                 created = True
+            (self.region / WARM_UNTIL).unlink(missing_ok=True)  # in use again
             start = _proc_start(os.getpid())
             self._ref = self.region / ".refs" / f"{os.getpid()}-{start}"
             self._ref.touch()
-        if created:
+        if created or adopted:
             _spawn_reaper(self.region)
         start_pull(self.region, self.uri, self.objects)
         return str(self.region)
@@ -284,15 +290,69 @@ class NodeWeights:
         )
 
     def release(self) -> None:
-        """Drop this process's reference; the last one removes the region."""
+        """Drop this process's reference; the last one removes the region, or leaves it
+        warm for ``keep_warm_s`` (its reaper removes it then)."""
         ref, self._ref = self._ref, None
         if ref is None:
             return
         with _locked(self.region):
             ref.unlink(missing_ok=True)
             if not _live_refs(self.region) and _pull_free(self.region):
-                shutil.rmtree(self.region, ignore_errors=True)
-                _remove_empty_parents(self.region)
+                _retire(self.region)
+
+
+WARM_UNTIL = ".warm_until"  # a region kept for a later job: the time it may be removed
+
+
+def _keep_warm_s(region: Path) -> float:
+    try:
+        return float(json.loads((region / CREATED).read_text()).get("keep_warm_s") or 0.0)
+    except (OSError, ValueError, TypeError):
+        return 0.0
+
+
+def _complete(region: Path) -> bool:
+    try:
+        objects = _objects_of(region)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return not (region / ".failed").exists() and all(done(region, o.path) for o in objects)
+
+
+def _retire(region: Path) -> bool:
+    """Under the region's lock, when no live process holds it and no one pulls into it:
+    keep a complete region warm until its deadline (set now, the first time), else remove
+    it. True when it was removed."""
+    keep = _keep_warm_s(region)
+    if keep > 0 and _complete(region):
+        if not (region / WARM_UNTIL).exists():
+            (region / WARM_UNTIL).write_text(repr(time.time() + keep))
+            logger.info("Shared weights in %s kept warm for %.0fs for a later job", region, keep)
+        if _warm(region):
+            return False
+    shutil.rmtree(region, ignore_errors=True)
+    _remove_empty_parents(region)
+    return True
+
+
+def _adopt_warm(region: Path) -> bool:
+    """Move a warm region of the same weights that an earlier Ray session of this host left
+    under another node id to ``region`` (Ray gives a node a new id each session); True
+    when one was adopted. A region still referenced, or no longer warm, is left alone."""
+    if region.exists():
+        return False
+    for other in sorted(region.parent.parent.glob(f"*/{region.name}")):
+        if other == region or not (other / WARM_UNTIL).exists():
+            continue
+        with _locked(other):
+            if region.exists() or _live_refs(other) or not _pull_free(other) or not _warm(other):
+                continue
+            region.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(other, region)
+        _remove_empty_parents(other)
+        logger.info("Adopted the warm shared weights of %s as %s", other, region)
+        return True
+    return False
 
 
 def _mark(region: Path, name: str) -> Path:
@@ -525,16 +585,19 @@ def _take_over(region: Path) -> None:
         logger.warning("The puller of %s is gone: this engine pulls the rest", region)
 
 
-def sweep_regions(base: Path, *, keep: Path | None = None) -> list[Path]:
+def sweep_regions(base: Path, *, keep: Path | None = None, warm_too: bool = False) -> list[Path]:
     """Remove the regions under ``base`` that no live process references and no one pulls
-    into (left by a job whose reaper died, or under an old Ray node id), except ``keep``;
-    the regions removed. Each is checked under its own lock, as its reaper would."""
+    into (left by a job whose reaper died, or under an old Ray node id), except ``keep``
+    and, unless ``warm_too``, those kept warm; the regions removed. Each is checked under
+    its own lock, as its reaper would."""
     removed = []
     for region in sorted(base.glob("*/*")):
         if region == keep or not (region / ".lock").is_file():
             continue
         with _locked(region):
-            if _live_refs(region) or not _pull_free(region) or _warm(region):
+            if _live_refs(region) or not _pull_free(region):
+                continue
+            if _warm(region) and not warm_too:
                 continue
             shutil.rmtree(region, ignore_errors=True)
             _remove_empty_parents(region)
@@ -547,7 +610,7 @@ def sweep_regions(base: Path, *, keep: Path | None = None) -> list[Path]:
 def _warm(region: Path) -> bool:
     """Whether the region is kept warm for a later job (``.warm_until`` in the future)."""
     try:
-        return float((region / ".warm_until").read_text()) > time.time()
+        return float((region / WARM_UNTIL).read_text()) > time.time()
     except (OSError, ValueError):
         return False
 
@@ -557,7 +620,8 @@ def _spawn_reaper(region: Path) -> None:
 
 
 def reap(region: Path, *, grace: float = 2.0, poll: float = 0.5) -> None:
-    """Remove ``region`` once no live process holds a reference for ``grace`` seconds."""
+    """Remove ``region`` once no live process holds a reference for ``grace`` seconds (or,
+    for a region kept warm, once its time is up and no job took it again)."""
     idle_since: float | None = None
     while region.exists():
         if _live_refs(region) or not _pull_free(region):
@@ -566,10 +630,8 @@ def reap(region: Path, *, grace: float = 2.0, poll: float = 0.5) -> None:
             idle_since = time.monotonic()
         elif time.monotonic() - idle_since >= grace:
             with _locked(region):
-                if not _live_refs(region) and _pull_free(region):
-                    shutil.rmtree(region, ignore_errors=True)
-                    _remove_empty_parents(region)
-            return
+                if not _live_refs(region) and _pull_free(region) and _retire(region):
+                    return
         time.sleep(poll)
 
 
