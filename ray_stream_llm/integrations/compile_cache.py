@@ -20,6 +20,10 @@ nothing, only where vLLM calls it and torch's class lacks it (feature-detected: 
 vLLM that checks first, or a torch that has one, it changes nothing).
 ``RAY_STREAM_LLM_AOT_LOAD_FIX=0`` turns it off.
 
+**The key.** An engine streaming from the node's shared region has the region's path, which
+holds the Ray node's ID, as ``model_weights``, which vLLM hashes into the key:
+:func:`stable_key` keys it by the region's digest instead.
+
 **The measurement.** In the engine's processes (``RAY_STREAM_LLM_LOAD_REPORT_DIR`` set
 by the engine actor), :func:`measure` times each of vLLM's own
 ``monitor_torch_compile`` blocks (an AOT load attempt, a compile) and reads vLLM's
