@@ -138,6 +138,7 @@ def test_fetch_metadata_prints_the_directory(tiny_models, env, tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.engine
 def test_run_jsonl_to_parquet_keeps_input_columns(tiny_models, s3_server):
     """A `prompt` column (which Ray's chat-template stage would overwrite) and an extra
     column come back unchanged, every row with generated text."""
@@ -191,6 +192,7 @@ def test_run_jsonl_to_parquet_keeps_input_columns(tiny_models, s3_server):
 
 
 @pytest.mark.e2e
+@pytest.mark.engine
 def test_bench_prints_the_table_and_writes_perf_metrics():
     """`ray-stream-llm bench` end to end, scaled down (2 layers, one run): its own S3 server,
     both cold starts, the throughput pair and the metadata fetches."""

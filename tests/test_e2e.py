@@ -14,7 +14,7 @@ from helpers.models import is_weight, tensor_bytes
 
 from ray_stream_llm.tools.localstore import _free_ports
 
-pytestmark = [pytest.mark.s3, pytest.mark.e2e]
+pytestmark = [pytest.mark.s3, pytest.mark.e2e, pytest.mark.engine]
 
 QUESTIONS = [
     "What is 2+2?",
@@ -96,12 +96,15 @@ def test_streamed_smollm2_answers_with_no_weights_on_disk(s3_server, smollm2, wo
     )
 
 
-def test_control_default_load_format_writes_weights(s3_server, smollm2, work):
-    out, written, seconds = run_isolated(s3_server, work, smollm2.uri, None, QUESTIONS[:2])
+def test_control_default_load_format_writes_weights(s3_server, tiny_models, work):
+    """The control: Ray's own load format (no streaming) downloads the weights to local disk.
+    What it writes does not depend on the model: the tiny single-file one does."""
+    model = tiny_models["single"]
+    out, written, seconds = run_isolated(s3_server, work, model.uri, None, QUESTIONS[:2])
     assert len(out["rows"]) == 2 and all(r["answer"].strip() for r in out["rows"])
     safetensors = {p: n for p, n in written.items() if p.endswith("model.safetensors")}
     assert safetensors and all(p.startswith(str(work / "home")) for p in safetensors), written
-    size = (smollm2.local / "model.safetensors").stat().st_size
+    size = (model.local / "model.safetensors").stat().st_size
     assert max(safetensors.values()) == size
     [report] = out["load_reports"]  # the engine is ours, so it reports, with nothing streamed
     assert not report["streamed"] and report["weight_bytes"] is None and report["ready_seconds"] > 0
@@ -129,48 +132,3 @@ def test_streamed_hub_mirror_writes_no_bin_pth_gguf(s3_server, tiny_models, work
     assert len(metadata_dirs) == 1
     got = {str(p.relative_to(metadata_dirs[0])) for p in metadata_dirs[0].rglob("*") if p.is_file()}
     assert got - {".ray_stream_llm.json"} == set(model.metadata)
-
-
-def test_settings_only_in_config_reach_every_actor_and_no_secret_leaks(
-    s3_server, tiny_models, work
-):
-    """Issue 3: the store set once, in the config; the driver's environment has no AWS
-    variable. A secret must not appear in any output or any file the run wrote."""
-    secret = s3_server.secret_access_key
-    model = tiny_models["sharded"]
-    store = {
-        "endpoint_url": s3_server.endpoint_url.replace("127.0.0.1", "localhost"),
-        "region_name": s3_server.region,
-        "aws_access_key_id": s3_server.access_key_id,
-        "aws_secret_access_key": secret,
-    }
-    before = s3_server.served()
-    out, written, _ = run_isolated(
-        s3_server,
-        work,
-        model.uri,
-        "runai_streamer",
-        ["hello world", "ray data", "object store"],
-        max_tokens=4,
-        object_store=store,
-    )
-    assert len(out["rows"]) == 3 and all(r["num_generated_tokens"] == 4 for r in out["rows"])
-    assert written == {}
-    shards = {w for w in model.weights if w.endswith(".safetensors")}
-    assert len(shards) >= 3
-    reads = {u.removeprefix(model.uri) for u in reads_under(s3_server, model.uri, before)}
-    assert shards <= reads  # every shard was streamed by the engine, with the config's settings
-    # the secret: nowhere in the driver's output, Ray's session logs, or any file written
-    leaks = []
-    driver_log = (work / "job.log").read_text(errors="replace")
-    if secret in driver_log:
-        leaks.append("driver output")
-    for path in work.rglob("*"):
-        if path.is_file() and path.name != "spec.json":  # the test's own input to the script
-            try:
-                if secret.encode() in path.read_bytes():
-                    leaks.append(str(path))
-            except OSError:
-                continue
-    assert leaks == [], leaks
-    assert any((work / "ray").rglob("*.log")) or any((work / "ray").rglob("*.err"))

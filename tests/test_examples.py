@@ -340,6 +340,7 @@ def test_job_entrypoint_store_settings(monkeypatch):
 
 
 @pytest.mark.e2e
+@pytest.mark.engine
 def test_job_submission_example(s3_server, tiny_models, work, ray_head, tmp_path):
     import pyarrow.parquet as pq
     from ray.job_submission import JobStatus, JobSubmissionClient
@@ -439,6 +440,7 @@ def _outputs_text(nb) -> str:
 
 
 @pytest.mark.e2e
+@pytest.mark.engine
 def test_notebook_example(s3_server, tiny_models, work, monkeypatch, tmp_path):
     import nbformat
     from nbclient import NotebookClient

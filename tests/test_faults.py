@@ -1,27 +1,50 @@
 """Faults while an engine streams its weights (issue 4), injected by a TCP proxy between
-the job and the real S3 server. Each job runs as a user's script (tests/helpers/e2e_driver.py)."""
+the job and the real S3 server. Each job runs as a user's script (tests/helpers/e2e_driver.py).
+
+The jobs use the tiny model (tests/helpers/models.py): what is under test is the library's
+handling of the store, not the model's answers, and a cut placed by the model's own sizes
+lands inside the weight stream as surely as 100 MB into SmolLM2's 269 MB did."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from helpers.faultproxy import FaultProxy
-from helpers.jobs import run_isolated, store_through
+from helpers.jobs import reads_under, run_isolated, store_through
+from helpers.models import UploadedModel
 
-pytestmark = [pytest.mark.s3, pytest.mark.e2e]
+pytestmark = [pytest.mark.s3, pytest.mark.e2e, pytest.mark.engine]
 QUESTIONS = ["What is 2+2?", "Name three primary colors.", "Say hello in French."]
 
 
-def test_store_drops_mid_stream_and_returns_within_retry_budget(s3_server, smollm2, work):
-    """The store goes away after 100 MB of the 269 MB weights and comes back 20 s later:
-    the engine start fails, is retried after the backoff, and every row comes back."""
-    with FaultProxy(s3_server.port, cut_after_bytes=100_000_000, down_for=20) as proxy:
+def _mid_weights(model: UploadedModel) -> tuple[int, int, int]:
+    """(cut_after_bytes, metadata bytes, weight bytes): the proxy cuts once the metadata and
+    half the weights have gone through it, so the cut falls inside the engine's stream.
+    Everything else that crosses the proxy before the weights (listings, safetensors
+    headers, HTTP headers) is a few KiB, against a margin of half the weights."""
+    metadata = sum((model.local / m).stat().st_size for m in model.metadata)
+    weights = sum(
+        (model.local / w).stat().st_size for w in model.weights if w.endswith(".safetensors")
+    )
+    return metadata + weights // 2, metadata, weights
+
+
+def test_store_drops_mid_stream_and_returns_within_retry_budget(s3_server, tiny_models, work):
+    """The store goes away halfway through the weights and comes back 20 s later: the engine
+    start fails, is retried after the backoff, and every row comes back."""
+    model = tiny_models["single"]
+    cut_after_bytes, metadata, weights = _mid_weights(model)
+    with FaultProxy(s3_server.port, cut_after_bytes=cut_after_bytes, down_for=20) as proxy:
         start = time.monotonic()
         out, written, seconds = run_isolated(
             s3_server,
             work,
-            smollm2.uri,
+            model.uri,
             "runai_streamer",
             QUESTIONS,
             max_tokens=16,
@@ -30,6 +53,7 @@ def test_store_drops_mid_stream_and_returns_within_retry_budget(s3_server, smoll
         )
         assert proxy.cut_at is not None and proxy.refused > 0, "the fault was not injected"
         cut_after = proxy.cut_at - start
+    assert metadata < cut_after_bytes < metadata + weights  # inside the weights
     rows = out["rows"]
     assert sorted(r["question"] for r in rows) == sorted(QUESTIONS)
     assert all(r["answer"].strip() for r in rows)
@@ -37,20 +61,23 @@ def test_store_drops_mid_stream_and_returns_within_retry_budget(s3_server, smoll
     log = (work / "job.log").read_text()
     assert "failed to start while loading its weights (attempt 1/3" in log
     print(
-        f"\nstore cut at {cut_after:.1f}s, job complete at {seconds:.1f}s, "
+        f"\nstore cut at {cut_after:.1f}s (after {cut_after_bytes} of {metadata} metadata + "
+        f"{weights} weight bytes), job complete at {seconds:.1f}s, "
         f"{len(rows)}/{len(QUESTIONS)} rows"
     )
 
 
-def test_store_stays_away_fails_with_the_cause(s3_server, smollm2, work):
+def test_store_stays_away_fails_with_the_cause(s3_server, tiny_models, work):
     """The store goes away mid-stream for good: the job fails, within the retry budget, with
     the store's state in the message; no row is reported as done."""
-    with FaultProxy(s3_server.port, cut_after_bytes=100_000_000, down_for=None) as proxy:
+    model = tiny_models["single"]
+    cut_after_bytes, metadata, weights = _mid_weights(model)
+    with FaultProxy(s3_server.port, cut_after_bytes=cut_after_bytes, down_for=None) as proxy:
         start = time.monotonic()
         out, written, seconds = run_isolated(
             s3_server,
             work,
-            smollm2.uri,
+            model.uri,
             "runai_streamer",
             QUESTIONS,
             max_tokens=16,
@@ -59,6 +86,7 @@ def test_store_stays_away_fails_with_the_cause(s3_server, smollm2, work):
             expect_failure=True,
         )
         cut_after = proxy.cut_at - start if proxy.cut_at else None
+    assert metadata < cut_after_bytes < metadata + weights  # inside the weights
     # the driver's `except WeightLoadError` ran (ray_stream_llm.typed_errors), Ray's
     # ActorDiedError as its cause
     assert out["error"]["class"] == "WeightLoadError", out["log"][-3000:]
@@ -70,21 +98,77 @@ def test_store_stays_away_fails_with_the_cause(s3_server, smollm2, work):
     print(f"\nstore cut at {cut_after:.1f}s, job failed at {seconds:.1f}s")
 
 
-def test_slow_store_still_completes(s3_server, tiny_models, work):
+# --- one job, two proofs: a slow store, and store settings given only in the config --------
+@pytest.fixture(scope="module")
+def slow_store_job(s3_server, tiny_models) -> Iterator[dict]:
+    """The sharded tiny model through a proxy that adds 50 ms to every request chunk, the
+    store set once, in the config (endpoint ``localhost``), the driver's environment with
+    no AWS variable. Run once for the two tests below, which used to run the same job
+    each (one straight to the server, one through the slow proxy)."""
+    model = tiny_models["sharded"]
+    secret = s3_server.secret_access_key
+    work = Path(tempfile.mkdtemp(prefix="rsl-job-", dir="/tmp"))  # short: Ray socket paths
+    try:
+        with FaultProxy(s3_server.port, latency=0.05) as proxy:
+            store = store_through(s3_server, proxy.endpoint_url.replace("127.0.0.1", "localhost"))
+            before = s3_server.served()
+            out, written, seconds = run_isolated(
+                s3_server,
+                work,
+                model.uri,
+                "runai_streamer",
+                ["hello world", "ray data", "object store"],
+                max_tokens=4,
+                object_store=store,
+            )
+            bytes_down = proxy.bytes_down
+        yield {
+            "model": model,
+            "secret": secret,
+            "work": work,
+            "out": out,
+            "written": written,
+            "seconds": seconds,
+            "bytes_down": bytes_down,
+            "reads": reads_under(s3_server, model.uri, before),
+        }
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_slow_store_still_completes(slow_store_job):
     """50 ms added to every request chunk: slower, and every row comes back."""
-    with FaultProxy(s3_server.port, latency=0.05) as proxy:
-        out, written, seconds = run_isolated(
-            s3_server,
-            work,
-            tiny_models["sharded"].uri,
-            "runai_streamer",
-            ["hello world", "ray data", "object store"],
-            max_tokens=4,
-            object_store=store_through(s3_server, proxy.endpoint_url),
-        )
-        assert proxy.bytes_down > 0
+    out = slow_store_job["out"]
+    assert slow_store_job["bytes_down"] > 0
     assert len(out["rows"]) == 3 and all(r["num_generated_tokens"] == 4 for r in out["rows"])
-    print(f"\nslow store: {len(out['rows'])} rows in {seconds:.1f}s")
+    print(f"\nslow store: {len(out['rows'])} rows in {slow_store_job['seconds']:.1f}s")
+
+
+def test_settings_only_in_config_reach_every_actor_and_no_secret_leaks(s3_server, slow_store_job):
+    """Issue 3: the store set once, in the config; the driver's environment has no AWS
+    variable. A secret must not appear in any output or any file the run wrote."""
+    out, model, work = slow_store_job["out"], slow_store_job["model"], slow_store_job["work"]
+    secret = slow_store_job["secret"]
+    assert len(out["rows"]) == 3 and all(r["num_generated_tokens"] == 4 for r in out["rows"])
+    assert slow_store_job["written"] == {}
+    shards = {w for w in model.weights if w.endswith(".safetensors")}
+    assert len(shards) >= 3
+    reads = {u.removeprefix(model.uri) for u in slow_store_job["reads"]}
+    assert shards <= reads  # every shard was streamed by the engine, with the config's settings
+    # the secret: nowhere in the driver's output, Ray's session logs, or any file written
+    leaks = []
+    driver_log = (work / "job.log").read_text(errors="replace")
+    if secret in driver_log:
+        leaks.append("driver output")
+    for path in work.rglob("*"):
+        if path.is_file() and path.name != "spec.json":  # the test's own input to the script
+            try:
+                if secret.encode() in path.read_bytes():
+                    leaks.append(str(path))
+            except OSError:
+                continue
+    assert leaks == [], leaks
+    assert any((work / "ray").rglob("*.log")) or any((work / "ray").rglob("*.err"))
 
 
 def test_engine_failing_for_another_reason_is_not_retried_and_names_the_cause(

@@ -128,6 +128,7 @@ def test_unreadable_credentials_file_is_access_denied(no_store_env, tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.engine
 @pytest.mark.s3
 def test_ray_data_job_streams_from_gs_with_settings_only_in_config(
     gcs, gcs_models, no_store_env, s3_server, work

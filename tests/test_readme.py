@@ -43,6 +43,7 @@ def test_quickstart_program_is_examples_quickstart():
 
 @pytest.mark.s3
 @pytest.mark.e2e
+@pytest.mark.engine
 def test_readme_snippets_run_as_typed(work):
     """First shell: `ray-stream-llm local-store`; second shell: the quickstart, then the
     user's own model (a copy of the demo model, standing in for theirs) uploaded, inspected

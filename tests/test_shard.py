@@ -105,6 +105,7 @@ def written(s3_server, tiny_models):
 
 
 @pytest.mark.e2e
+@pytest.mark.engine
 def test_shard_writes_each_rank_and_the_completion_marker_last(s3_server, written):
     result, prefix = written["result"], written["prefix"]
     assert result["tensor_parallel_size"] == 2 and result["loaded"] is True
@@ -154,6 +155,7 @@ def test_shard_writes_each_rank_and_the_completion_marker_last(s3_server, writte
 
 
 @pytest.mark.e2e
+@pytest.mark.engine
 def test_sharded_output_streams_at_tp2_and_not_at_tp4(s3_server, written, s3_env):
     manifest = inspect_model(written["output"], tensor_parallel_size=2)
     assert manifest.streamable, manifest.problems
@@ -187,6 +189,7 @@ def tensor_bytes_of(server: LocalS3Server, uri: str, name: str) -> int:
 
 
 @pytest.mark.e2e
+@pytest.mark.engine
 def test_a_custom_file_pattern_is_followed_as_vllms_loader_follows_it(s3_server, written, s3_env):
     """A sharded state saved by vLLM itself with ``pattern`` (no marker of the shard
     command): the preflight follows the engines' ``model_loader_extra_config["pattern"]``
@@ -288,6 +291,7 @@ def test_rank_files_past_vllms_one_listing_are_refused_on_the_driver(
 
 
 @pytest.mark.e2e
+@pytest.mark.engine
 def test_shard_again_is_a_no_op(s3_server, written, work):
     from helpers.s3log import log_barrier
 
@@ -343,6 +347,7 @@ def _as_partial(server: LocalS3Server, prefix: str, drop: tuple[str, ...] = ()) 
 
 
 @pytest.mark.e2e
+@pytest.mark.engine
 def test_partial_output_is_refused_by_name_and_resumed(s3_server, written, s3_env, work):
     from helpers.s3log import log_barrier
 
@@ -392,6 +397,7 @@ def test_partial_output_is_refused_by_name_and_resumed(s3_server, written, s3_en
 
 
 @pytest.mark.e2e
+@pytest.mark.engine
 def test_shard_refuses_bad_outputs_before_writing(s3_server, tiny_models, written, s3_env):
     from helpers.s3log import log_barrier
 
@@ -421,6 +427,7 @@ def test_shard_refuses_bad_outputs_before_writing(s3_server, tiny_models, writte
 
 
 @pytest.mark.e2e
+@pytest.mark.engine
 def test_tp2_jobs_side_by_side_each_rank_reads_its_own_files(s3_server, written, work):
     """The same TP=2 job through Ray Data twice: runai_streamer over the plain checkpoint
     (each rank reads every object: 2.0x the model) and runai_streamer_sharded over the
@@ -566,6 +573,7 @@ def test_load_report_per_rank_figures():
 
 
 @pytest.mark.e2e
+@pytest.mark.engine
 def test_a_tp_size_the_model_cannot_take_is_a_typed_error(s3_server, tiny_models, s3_env):
     """The tiny model has 4 attention heads: vLLM refuses TP=3 when the engine is built; the
     writer raises EngineStartError quoting it, and the output stays partial (refused)."""
@@ -584,6 +592,7 @@ def test_a_tp_size_the_model_cannot_take_is_a_typed_error(s3_server, tiny_models
 
 
 @pytest.mark.e2e
+@pytest.mark.engine
 @pytest.mark.slow  # about 8 minutes: make test-slow
 def test_smollm2_at_tp3_side_by_side(s3_server, smollm2, work, s3_env):
     """The real demo model (SmolLM2-135M: 9 attention heads, 3 KV heads, so TP=2 is not
