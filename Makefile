@@ -20,7 +20,7 @@ PYTEST := $(PY) -m pytest
 EDITABLE_LOCK := flock .venvs/.editable.lock
 FAST := -m "not s3 and not gcs and not azure and not e2e"
 
-.PHONY: setup setup-compat demo test test-main test-compat test-slow test-fast lint format typecheck bench clean
+.PHONY: setup setup-compat azurite demo test test-main test-compat test-slow test-fast lint format typecheck bench clean
 
 setup: $(STAMP)
 
@@ -68,6 +68,7 @@ demo: setup
 
 # Azurite (npm), the Azure emulator tests/test_azure.py streams from.
 AZURITE := $(VENV)/azurite/node_modules/.bin/azurite-blob
+azurite: $(AZURITE)
 $(AZURITE):
 	npm install --silent --no-audit --no-fund --prefix $(VENV)/azurite azurite@3.35.0
 
