@@ -166,7 +166,7 @@ class _Recorder(logging.Handler):
 
     def __init__(self, directory: str):
         super().__init__(level=logging.WARNING)
-        self.path = os.path.join(directory, SUBDIR, f"{os.getpid()}.json")
+        self.directory = directory
         self.seconds = 0.0
         self.blocks = 0
         self.failures: list[str] = []
@@ -204,12 +204,18 @@ class _Recorder(logging.Handler):
             "inductor_cache": inductor,
             "rank": _rank(),
         }
+        from ray_stream_llm.integrations.vllm_plugin import REPORT_DIR_ENV
+
+        # the engine actor's directory now (a start in the actor's own process may be
+        # its second); never re-made once the actor removed it
+        where = os.path.join(os.environ.get(REPORT_DIR_ENV) or self.directory, SUBDIR)
+        path = os.path.join(where, f"{os.getpid()}.json")
         try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            tmp = f"{self.path}.tmp"
-            with open(tmp, "w") as f:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(where)
+            with open(f"{path}.tmp", "w") as f:
                 json.dump(state, f)
-            os.replace(tmp, self.path)
+            os.replace(f"{path}.tmp", path)
         except OSError:  # the actor removed the directory: nobody is listening
             pass
 
