@@ -170,6 +170,7 @@ OURS = (
     "load_retry_backoff_s",
     "weight_sharing",
     "weight_sharing_dir",
+    "keep_warm_s",
     "small_cluster_defaults",
 )
 

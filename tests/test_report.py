@@ -49,13 +49,26 @@ def test_plugin_reports_what_the_streamer_delivered(s3_env, tiny_models, monkeyp
     assert figures["streamed_tensor_bytes"] == expected
 
 
-def test_plugin_is_inert_without_an_engine_actor(monkeypatch):
+def test_plugin_reports_nothing_without_an_engine_actor(monkeypatch, tmp_path):
+    """Outside this library's engine actors the plugin writes no report, and streams a file
+    that is not a shared region's as the streamer does; it still wraps the streamer, so
+    that a region file is never read before its completion mark (docs/sharing.md)."""
+    import torch
+    from safetensors.torch import save_file
     from vllm.model_executor.model_loader import weight_utils
 
     monkeypatch.delenv(REPORT_DIR_ENV, raising=False)
-    original = weight_utils.SafetensorsStreamer
+    monkeypatch.chdir(tmp_path)
     register()
-    assert weight_utils.SafetensorsStreamer is original
+    streamer_class = weight_utils.SafetensorsStreamer
+    assert streamer_class.__name__ == "MeasuredSafetensorsStreamer"
+    tensors = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with streamer_class() as streamer:
+        streamer.stream_files([str(tmp_path / "model.safetensors")])
+        got = {name: tensor.clone() for name, tensor in streamer.get_tensors()}
+    assert torch.equal(got["w"], tensors["w"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]  # no report
 
 
 def test_stream_figures_span_parallel_sessions():
