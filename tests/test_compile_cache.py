@@ -19,6 +19,7 @@ QUESTIONS = ["hello world", "ray data"]
 
 @pytest.mark.s3
 @pytest.mark.e2e
+@pytest.mark.engine
 def test_second_job_on_a_node_loads_the_compiled_artifact(s3_server, tiny_models, work):
     model = tiny_models["single"]
     runs = []

@@ -28,7 +28,7 @@ from helpers.models import build_layout, is_weight, weight_files
 
 from ray_stream_llm.tools.isolated import run_isolated
 
-pytestmark = [pytest.mark.s3, pytest.mark.e2e, pytest.mark.compat]
+pytestmark = [pytest.mark.s3, pytest.mark.e2e, pytest.mark.engine, pytest.mark.compat]
 
 SEED = """\
 import ray
