@@ -1,23 +1,30 @@
-"""Two engines on one node share one pull of the weights (issue 12), end to end through
-Ray Data, vLLM's CPU build and the real S3 server: every row answered, each weight byte
-served once (the server's access log, and a counting proxy standing for the node's
-link), no weight file on a disk-backed path, and no region, lock or process left."""
+"""The node's shared pull on the user's path (issues 12 and 19), end to end through Ray
+Data, vLLM's CPU build and the real S3 server, with nothing set that a user would not set
+(no RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S, no TMPDIR): a model of four safetensors files
+behind a link slower than vLLM's start, so that engines wait on the region while it fills;
+the answers equal an unshared run's (greedy); each weight byte served once; no weight file
+on a disk-backed path; and no region, lock, socket, segment or process left when the job
+ends, whether or not an engine was still waiting."""
 
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import stat
+import tempfile
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from helpers.faultproxy import FaultProxy
 from helpers.jobs import run_isolated, store_through
-from helpers.s3log import AccessLog, prefix_of
+from helpers.s3log import AccessLog, copy_model, prefix_of
 
 from ray_stream_llm.integrations.node_weights import CHUNK, DEFAULT_BASE
+from ray_stream_llm.tools.throttle import Throttle
 
-pytestmark = [pytest.mark.s3, pytest.mark.e2e]
+pytestmark = [pytest.mark.s3, pytest.mark.e2e, pytest.mark.engine]
 QUESTIONS = [
     "What is 2+2?",
     "Name three primary colors.",
@@ -34,47 +41,128 @@ def _reapers() -> list[psutil.Process]:
     ]
 
 
-def test_two_engines_share_one_pull(s3_server, smollm2, work):
-    size = (smollm2.local / "model.safetensors").stat().st_size
-    log = AccessLog(s3_server)
-    with FaultProxy(s3_server.port) as link:
-        store = store_through(s3_server, link.endpoint_url)
-        out, written, seconds = run_isolated(
-            s3_server,
-            work,
-            smollm2.uri,
-            "runai_streamer",
-            QUESTIONS,
-            max_tokens=8,
-            object_store=store,
-            config={"concurrency": [2, 2], "weight_sharing": "node"},
-            num_cpus=4,
-            # both engines start before the first batch goes out (Ray Data otherwise sends
-            # the work to the first one ready, and the other may never be needed)
-            env={"RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S": "900"},
-        )
-        link_bytes = link.bytes_down
-    assert sorted(r["question"] for r in out["rows"]) == sorted(QUESTIONS)
-    assert all(r["answer"] for r in out["rows"])
-    reports = out["load_reports"]
-    assert len(reports) == 2 and len({r["pid"] for r in reports}) == 2
-    assert all(r["weight_sharing"] == "node" and r["weight_bytes"] == size for r in reports)
-    # the store served model.safetensors once: each 8 MiB range in one GET, no more, plus
-    # the two ranged GETs of the driver's preflight (the header's length, then the header)
-    gets = log.gets(prefix_of(smollm2.uri))
-    assert gets[prefix_of(smollm2.uri) + "model.safetensors"] == math.ceil(size / CHUNK) + 2
-    # the node's link carried the weights once (plus metadata, listings, HTTP framing)
-    assert size <= link_bytes < 1.2 * size, (link_bytes, size)
-    # no weight file of any format on a disk-backed path: the only copy is the node's region
-    # in memory (/dev/shm), which is removed next
-    assert {p: n for p, n in written.items() if not p.startswith(DEFAULT_BASE + "/")} == {}
-    # nothing left: the region, its locks, the reaper
-    deadline = time.monotonic() + 20
+@pytest.fixture(scope="module")
+def sharded(s3_server, tiny_models):
+    """The tiny Llama in four safetensors files, on a prefix of its own."""
+    return copy_model(s3_server, tiny_models["sharded"], "user-path")
+
+
+@pytest.fixture(scope="module")
+def unshared_answers(s3_server, sharded) -> dict[str, str]:
+    """The control: the same questions answered by one engine streaming from the store."""
+    work = Path(tempfile.mkdtemp(prefix="rsl-job-", dir="/tmp"))
+    try:
+        out, _, _ = run_isolated(
+            s3_server, work, sharded.uri, "runai_streamer", QUESTIONS, max_tokens=8,
+            config={"weight_sharing": "off"},
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    assert [r["weight_sharing"] for r in out["load_reports"]] == ["off"]
+    return {r["question"]: r["answer"] for r in out["rows"]}
+
+
+def _tmp_entries() -> dict[str, bool]:
+    """What /tmp holds at its top level now: name -> is a socket."""
+    found = {}
+    for name in os.listdir("/tmp"):
+        try:
+            found[name] = stat.S_ISSOCK(os.lstat(os.path.join("/tmp", name)).st_mode)
+        except FileNotFoundError:
+            continue
+    return found
+
+
+def _nothing_left() -> None:
+    """No region, lock or reaper of the node's pull, and no engine IPC directory in /tmp."""
+    deadline = time.monotonic() + 30
     while (Path(DEFAULT_BASE).exists() and any(Path(DEFAULT_BASE).rglob("*"))) or _reapers():
         assert time.monotonic() < deadline, (list(Path(DEFAULT_BASE).rglob("*")), _reapers())
         time.sleep(0.5)
+    while [n for n in os.listdir("/tmp") if n.startswith("rsl-rpc-")]:
+        assert time.monotonic() < deadline, [n for n in os.listdir("/tmp") if "rsl-rpc" in n]
+        time.sleep(0.5)
+
+
+def _slow_link(s3_server) -> Throttle:
+    # 16 KB/s after a first 64 KB: the 1.6 MB of weights take about 100 s, longer than an
+    # engine takes to reach its weights, so engines stream while the region still fills
+    return Throttle(s3_server.port, 16 << 10, burst=64 << 10)
+
+
+def _through(s3_server, link: Throttle) -> dict:
+    # a link this slow needs a larger store budget than the default 30 s, as a user's
+    # would: a 0.5 MB object takes 32 s (the pull's error says to raise timeout_s)
+    return {**store_through(s3_server, link.endpoint_url), "timeout_s": 300}
+
+
+def test_auto_shares_one_pull_on_the_users_path(s3_server, sharded, unshared_answers, work):
+    sizes = {p.name: p.stat().st_size for p in sharded.local.glob("*.safetensors")}
+    before = _tmp_entries()
+    log = AccessLog(s3_server)
+    with _slow_link(s3_server) as link:
+        out, written, seconds = run_isolated(
+            s3_server,
+            work,
+            sharded.uri,
+            "runai_streamer",
+            QUESTIONS,
+            max_tokens=8,
+            object_store=_through(s3_server, link),
+            config={"concurrency": 2},  # weight_sharing="auto", the default
+            num_cpus=4,
+            env={"TMPDIR": None, "VLLM_RPC_BASE_PATH": None},  # as a user who never set them
+        )
+        link_bytes = link.bytes_down
+    assert {r["question"]: r["answer"] for r in out["rows"]} == unshared_answers
+    reports = out["load_reports"]
+    assert reports and all(r["weight_sharing"] == "node" for r in reports), reports
+    # the region was still filling when an engine came to its weights: it waited, file by
+    # file, and read each only once complete (the answers above are the proof it read them)
+    assert max(r["weight_wait_seconds"] for r in reports) > 1.0, reports
+    # each weight object in one ranged GET per 8 MiB, once for the node, plus the two reads
+    # of the driver's preflight (the header's length, then the header)
+    prefix = prefix_of(sharded.uri)
+    gets = log.gets(prefix)
+    assert {k: v for k, v in gets.items() if k.endswith(".safetensors")} == {
+        prefix + name: math.ceil(size / CHUNK) + 2 for name, size in sizes.items()
+    }
+    weights = sum(sizes.values())
+    assert weights <= link_bytes < weights + (1 << 20), (link_bytes, weights)
+    assert {p: n for p, n in written.items() if not p.startswith(DEFAULT_BASE + "/")} == {}
+    _nothing_left()
+    # with TMPDIR unset vLLM would put its IPC sockets in /tmp; each engine kept them in a
+    # directory of its own, removed with it
+    new = {n for n, sock in _tmp_entries().items() if n not in before and sock}
+    assert not new, new
     print(
-        f"\n2 engines, shared: {link_bytes} bytes over the link for {size} weight bytes; "
-        f"waits {[round(r['weight_wait_seconds'], 2) for r in reports]} s; pull hidden "
-        f"{[round(r['pull_hidden_seconds'] or 0, 2) for r in reports]} s; {seconds:.1f}s"
+        f"\n{len(reports)} engine(s) ready, shared: {link_bytes} bytes over the link for "
+        f"{weights} weight bytes; waits {[round(r['weight_wait_seconds'], 2) for r in reports]}"
+        f" s; {seconds:.1f}s"
     )
+
+
+def test_an_engine_without_the_plugin_waits_for_the_whole_region(
+    s3_server, sharded, unshared_answers, work
+):
+    """VLLM_PLUGINS leaves the library's plugin out, so no engine process waits for a
+    file's mark: the engine actor waits for every mark before vLLM starts."""
+    with _slow_link(s3_server) as link:
+        out, _, _ = run_isolated(
+            s3_server,
+            work,
+            sharded.uri,
+            "runai_streamer",
+            QUESTIONS,
+            max_tokens=8,
+            object_store=_through(s3_server, link),
+            config={"weight_sharing": "node"},
+            env={"VLLM_PLUGINS": "none"},
+        )
+    assert {r["question"]: r["answer"] for r in out["rows"]} == unshared_answers
+    assert (
+        "VLLM_PLUGINS='none' leaves 'ray_stream_llm_load_report' out"
+        in (work / "job.log").read_text()
+    )
+    assert [r["weight_sharing"] for r in out["load_reports"]] == ["node"]
+    _nothing_left()
