@@ -48,7 +48,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ray_stream_llm.errors import ObjectChangedError, RayStreamLLMError, WeightSharingError
+from ray_stream_llm.errors import (
+    ModelNotFoundError,
+    ObjectChangedError,
+    RayStreamLLMError,
+    WeightSharingError,
+)
 from ray_stream_llm.integrations.shm import detach
 from ray_stream_llm.stores import ObjectInfo, StoreDeadline
 from ray_stream_llm.uri import ModelURI
@@ -60,7 +65,7 @@ CHUNK = 8 << 20  # bytes per ranged GET
 WORKERS = 16  # parallel ranged GETs, each on a connection of its own
 MARGIN = 512 << 20  # memory kept free beyond the weights
 CREATED = ".created"  # the region's marker: a file of a directory holding it is a region file
-MIN_PULL_RATE = 4 << 20  # bytes/s: a pull slower than this for its whole size is stuck
+MIN_PULL_RATE = 1 << 20  # bytes/s: a pull slower than this over its whole size is stuck
 
 
 @dataclasses.dataclass(frozen=True)
@@ -399,11 +404,11 @@ def start_pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...]) -> 
 
 def _changed(listed: dict[str, ObjectInfo], objects: tuple[ObjectInfo, ...]) -> list[str]:
     """The objects whose size or ETag in the store's listing now is not what the region was
-    made for (or that are gone)."""
+    made for."""
     return [
         o.path
         for o in objects
-        if (now := listed.get(o.path)) is None or (now.size, now.etag) != (o.size, o.etag)
+        if (now := listed.get(o.path)) is not None and (now.size, now.etag) != (o.size, o.etag)
     ]
 
 
@@ -477,7 +482,15 @@ def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock_fd:
             raise WeightSharingError(f"{str(uri)!r} not pulled into {region}: {problem}")
         deadline = StoreDeadline(pull_timeout(sum(o.size for o in objects), _budget(region)))
         client, listing = stores.list_model(uri, None, deadline, connections=WORKERS)
-        changed = _changed({o.path: o for o in listing}, objects)
+        listed = {o.path: o for o in listing}
+        gone = [o.path for o in objects if o.path not in listed]
+        if gone:
+            raise ModelNotFoundError(
+                f"{', '.join(repr(p) for p in gone[:5])} of {str(uri)!r} is no longer in the "
+                "store (it was when this job listed the model); upload it again, or run the "
+                "job on the model as it is now"
+            )
+        changed = _changed(listed, objects)
         if changed:
             raise ObjectChangedError(
                 f"{', '.join(repr(p) for p in changed[:5])} of {str(uri)!r} changed in the "
