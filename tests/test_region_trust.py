@@ -212,7 +212,7 @@ def test_the_pull_has_a_connection_per_worker_and_a_budget_for_its_size(s3_env, 
         parse_model_uri(tiny_models["single"].uri), None, connections=node_weights.WORKERS
     )
     assert client.meta.config.max_pool_connections == node_weights.WORKERS
-    assert node_weights.pull_timeout(10 << 30, 30.0) == 30.0 + (10 << 30) / (4 << 20)
+    assert node_weights.pull_timeout(10 << 30, 30.0) == 30.0 + (10 << 30) / (1 << 20)
     assert node_weights.pull_timeout(0, 30.0) == 30.0
 
 
