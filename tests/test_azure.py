@@ -171,4 +171,6 @@ def test_closed_port_is_unreachable_within_seconds(azurite, no_store_env):
         "cannot reach the object store (listing 'az://models/m/' at endpoint "
         f"'https://127.0.0.1:{port}/{AZURITE_ACCOUNT}')" in str(err.value)
     )
-    assert time.monotonic() - start < 15
+    # a refused connection is reported at once, not after the store's budget (30 s) runs
+    # out: the typed error above is not a timeout, and it came before the budget
+    assert time.monotonic() - start < ObjectStoreConfig().timeout_s
