@@ -364,3 +364,44 @@ def test_refusing_a_users_dest_stops_at_the_first_foreign_file(
     assert "first found: 'd" in str(err.value) and "nothing was changed" in str(err.value)
     assert len(walked) <= 2  # dest, then the first folder with a file: not all 51
     assert all((dest / f"d{i}" / "notes.txt").read_text() == "mine\n" for i in range(50))
+
+
+# --- 3. a region that no longer fits when its pull starts -------------------------------------
+@pytest.mark.parametrize("required", [False, True], ids=["auto", "node"])
+def test_a_region_refused_when_its_pull_starts(
+    s3_server, s3_env, tiny_models, base, monkeypatch, required
+):
+    """Another model's region took the room between the region's making and its pull:
+    'auto' engines stream each file from the store instead, 'node' fails by the sizes."""
+    from runai_model_streamer import SafetensorsStreamer
+
+    from ray_stream_llm.integrations.vllm_plugin import _measured
+
+    real = node_weights.memory_problem
+
+    def full_at_pull_time(base_dir, weight_bytes, *, region=None):
+        if region is None:  # the check when the region is made: it fits then
+            return real(base_dir, weight_bytes)
+        return "the node has 0.10 GiB of memory available, the weights need 0.50 GiB"
+
+    monkeypatch.setattr(node_weights, "memory_problem", full_at_pull_time)
+    model = copy_model(s3_server, tiny_models["sharded"], "refused-at-pull")
+    report = fetch_metadata_report(model.uri)
+    first = sorted(o.path for o in report.weight_objects)[0]
+    weights = NodeWeights(parse_model_uri(model.uri), report.weight_objects,
+                          Sharing("node", base=str(base), required=required))  # fmt: skip
+    region = Path(weights.acquire())
+    if required:
+        with pytest.raises(RuntimeError, match="WeightSharingError: .*0.50 GiB"):
+            wait_for(str(region / first))
+    else:
+        monkeypatch.delenv("RAY_STREAM_LLM_LOAD_REPORT_DIR", raising=False)
+        with _measured(SafetensorsStreamer)() as streamer:
+            streamer.stream_files([str(region / first)])
+            got = {name: tensor.clone() for name, tensor in streamer.get_tensors()}
+        expected = load_file(str(model.local / first))
+        assert set(got) == set(expected)
+        assert all(torch.equal(got[k], expected[k]) for k in expected)
+        assert "0.50 GiB" in node_weights.unshared(region)
+        assert not any(node_weights.done(region, o.path) for o in report.weight_objects)
+    weights.release()

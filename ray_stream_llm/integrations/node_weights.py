@@ -267,6 +267,7 @@ class NodeWeights:
                     "objects": [dataclasses.asdict(o) for o in self.objects],
                     "timeout_s": self.sharing.pull_timeout_s,
                     "keep_warm_s": self.sharing.keep_warm_s,
+                    "required": self.sharing.required,
                 }
                 (self.region / CREATED).write_text(json.dumps(marker))
                 created = True
@@ -479,7 +480,12 @@ def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock_fd:
         if problem := memory_problem(
             region.parent.parent, sum(o.size for o in objects), region=region
         ):
-            raise WeightSharingError(f"{str(uri)!r} not pulled into {region}: {problem}")
+            message = f"{str(uri)!r} not pulled into {region}: {problem}"
+            if not _required(region):  # 'auto': the engines stream from the store instead
+                (region / UNSHARED).write_text(message)
+                logger.warning("%s; its engines stream from the store", message)
+                return
+            raise WeightSharingError(message)
         deadline = StoreDeadline(pull_timeout(sum(o.size for o in objects), _budget(region)))
         client, listing = stores.list_model(uri, None, deadline, connections=WORKERS)
         listed = {o.path: o for o in listing}
@@ -518,6 +524,24 @@ def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock_fd:
         os.close(lock_fd)
 
 
+UNSHARED = ".unshared"  # 'auto' gave the region up (it no longer fits): stream the store
+
+
+def _required(region: Path) -> bool:
+    try:
+        return bool(json.loads((region / CREATED).read_text()).get("required"))
+    except (OSError, ValueError):
+        return True
+
+
+def unshared(region: str | Path) -> str | None:
+    """Why the region was given up for streaming from the store ('auto' only), or None."""
+    try:
+        return (Path(region) / UNSHARED).read_text()
+    except OSError:
+        return None
+
+
 def _budget(region: Path) -> float | None:
     try:
         value = json.loads((region / CREATED).read_text()).get("timeout_s")
@@ -547,10 +571,27 @@ def pull_status(region: str | Path) -> dict[str, Any] | None:
     return status
 
 
+def source_of(path: str) -> tuple[str, float]:
+    """In the engine's process: what to stream for the region file ``path`` once it may be
+    read, and the seconds waited: the file itself once complete (:func:`wait_for`), or its
+    object in the store when 'auto' gave the region up before pulling it."""
+    waited = wait_for(path)
+    region = region_of(path)
+    if region is None or done(region, Path(os.path.realpath(path)).name):
+        return path, waited
+    meta = json.loads((region / CREATED).read_text())
+    [key] = [o.key for o in _objects_of(region) if o.path == Path(path).name]
+    uri = str(meta["uri"])
+    scheme_and_bucket = uri.split("/", 3)[:3]  # "s3:", "", "<bucket>"
+    return "/".join(scheme_and_bucket) + "/" + key, waited
+
+
 def wait_for(path: str, timeout: float | None = None) -> float:
-    """In the engine's process: block until the region file ``path`` is complete; seconds
-    waited. Raises when the pull failed or the region is gone; takes the pull over when
-    its puller died. ``timeout``: by default the region's pull timeout (:func:`pull_timeout`)."""
+    """In the engine's process: block until the region file ``path`` is complete, or the
+    region was given up for the store (:data:`UNSHARED`, 'auto' only: see
+    :func:`source_of`); seconds waited. Raises when the pull failed or the region is gone;
+    takes the pull over when its puller died. ``timeout``: by default the region's pull
+    timeout (:func:`pull_timeout`)."""
     region = region_of(path)
     if region is None:
         raise FileNotFoundError(f"{path} is not a file of a shared region (or it was removed)")
@@ -559,6 +600,8 @@ def wait_for(path: str, timeout: float | None = None) -> float:
         timeout = pull_timeout(sum(o.size for o in _objects_of(region)), _budget(region))
     begin = time.monotonic()
     while not done(region, name):
+        if (region / UNSHARED).exists():
+            break
         failed = region / ".failed"
         if failed.exists():
             message = failed.read_text() or "its message could not be written (memory full?)"

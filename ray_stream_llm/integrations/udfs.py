@@ -34,6 +34,7 @@ from ray_stream_llm.integrations.node_weights import (
     Sharing,
     pull_status,
     start_pull,
+    unshared,
     wait_all,
 )
 from ray_stream_llm.integrations.progress import progress_enabled
@@ -254,6 +255,10 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
             if stream and region is not None and fetched is not None:
                 start_pull(Path(region), parse_model_uri(uri_text), fetched.weight_objects)
                 self._wait_without_plugin(region)
+                if (why := unshared(region)) is not None:  # 'auto' gave it up: the store
+                    engine_kwargs["model_weights"] = str(parse_model_uri(uri_text))
+                    self._release_region()
+                    region, shared = None, f"off: {why}"
             watcher = StreamWatcher(uri_text, progress=progress_enabled())
             try:
                 with watcher, ray_stage_shims():
@@ -333,6 +338,11 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
             return None, f"off: {reason}"
         return region, "node"
 
+    def _release_region(self) -> None:
+        weights, self._node_weights = self._node_weights, None
+        if weights is not None:
+            weights.release()
+
     def _release_engine(self) -> None:
         """What a failed start left behind: the engine processes and their shared memory."""
         llm = self.__dict__.pop("llm", None)
@@ -352,9 +362,8 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         rpc = getattr(self, "_rpc_dir", None)
         if rpc is not None:
             shutil.rmtree(rpc, ignore_errors=True)
-        weights = getattr(self, "_node_weights", None)
-        if weights is not None:
-            weights.release()  # the last engine of the node removes the region
+        if hasattr(self, "_node_weights"):
+            self._release_region()  # the last engine of the node removes the region
 
 
 def _sizes(fetched: FetchReport | None, region: str | None) -> dict[str, int]:

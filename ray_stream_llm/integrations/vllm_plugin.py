@@ -165,14 +165,14 @@ def _measured(base: type) -> type:
             state = getattr(self, "_rsl", None)
             pending = getattr(self, "_rsl_pending", None)
             if pending is not None:
-                from ray_stream_llm.integrations.node_weights import region_of, wait_for
+                from ray_stream_llm.integrations.node_weights import region_of, source_of
 
                 paths, args, kwargs = pending
                 for path in paths:
-                    waited = wait_for(path) if region_of(path) is not None else 0.0
+                    source, waited = source_of(path) if region_of(path) else (path, 0.0)
                     if state is not None:
                         state["waited"] += waited
-                    super().stream_files([path], *args, **kwargs)
+                    super().stream_files([source], *args, **kwargs)
                     yield from self._rsl_count(super().get_tensors(), state)
             else:
                 yield from self._rsl_count(super().get_tensors(), state)
