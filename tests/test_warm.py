@@ -58,8 +58,13 @@ def test_the_next_job_streams_warm_weights_and_reads_no_weight_byte(
     log = AccessLog(s3_server)
     region = _job(model.uri, objects, base, keep_warm_s=60)
     assert len(_weight_gets(log, model.uri)) == len(objects)  # the first job pulled
-    # the last engine is gone: the region stays, complete, with its deadline and its reaper
-    assert (region / node_weights.WARM_UNTIL).exists() and _reaper_of(region)
+    # the last engine is gone: the region stays, complete, with its deadline (set at once,
+    # or by the reaper once the pull's thread has let its lock go) and its reaper
+    deadline = time.monotonic() + 30
+    while not (region / node_weights.WARM_UNTIL).exists():
+        assert time.monotonic() < deadline and region.exists(), "never kept warm"
+        time.sleep(0.2)
+    assert _reaper_of(region)
     assert all(node_weights.done(region, o.path) for o in objects)
 
     log = AccessLog(s3_server)

@@ -43,6 +43,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+# set by the engine actor: where each of its processes writes what it measured
+REPORT_DIR_ENV = "RAY_STREAM_LLM_LOAD_REPORT_DIR"
+
 FIX_ENV = "RAY_STREAM_LLM_AOT_LOAD_FIX"
 SUBDIR = "compile"
 LOAD_FAILURE = "Compiling model again due to a load failure"
@@ -204,8 +207,6 @@ class _Recorder(logging.Handler):
             "inductor_cache": inductor,
             "rank": _rank(),
         }
-        from ray_stream_llm.integrations.vllm_plugin import REPORT_DIR_ENV
-
         # the engine actor's directory now (a start in the actor's own process may be
         # its second); never re-made once the actor removed it
         where = os.path.join(os.environ.get(REPORT_DIR_ENV) or self.directory, SUBDIR)
@@ -220,9 +221,20 @@ class _Recorder(logging.Handler):
             pass
 
 
-def _rank() -> int | None:
-    from ray_stream_llm.integrations.vllm_plugin import tensor_parallel_rank
+def tensor_parallel_rank() -> int | None:
+    """This process's tensor-parallel rank once vLLM set up its groups (a worker loading
+    weights), else None."""
+    try:
+        from vllm.distributed import parallel_state
 
+        if getattr(parallel_state, "_TP", None) is None:
+            return None
+        return int(parallel_state.get_tensor_model_parallel_rank())
+    except Exception:
+        return None
+
+
+def _rank() -> int | None:
     return tensor_parallel_rank()
 
 
@@ -313,6 +325,4 @@ def engine_figures() -> dict[str, Any]:
     """In the engine actor, inside the ``StreamWatcher`` block (its directory is still
     there) once the engine is ready: ``compile_seconds`` and ``compile_cache`` for
     ``build_report``."""
-    from ray_stream_llm.integrations.vllm_plugin import REPORT_DIR_ENV
-
     return figures(collect(os.environ.get(REPORT_DIR_ENV)))

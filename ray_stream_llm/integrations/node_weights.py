@@ -518,6 +518,9 @@ def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock_fd:
             time.time() - started,
         )
     except Exception as exc:  # every waiting engine fails with it
+        if _exiting(exc):  # this process is going away, not the store: a waiter takes over
+            logger.warning("The shared pull of %s stops with its process: %s", uri, exc)
+            return
         _fail(region, f"{type(exc).__name__}: {exc}")
         logger.warning("The shared pull of %s failed: %s: %s", uri, type(exc).__name__, exc)
     finally:
@@ -540,6 +543,14 @@ def unshared(region: str | Path) -> str | None:
         return (Path(region) / UNSHARED).read_text()
     except OSError:
         return None
+
+
+def _exiting(exc: BaseException) -> bool:
+    """Whether ``exc`` says this process is shutting down (a stage actor that Ray retires
+    while its pull thread runs: the pool refuses new work), not that the pull failed."""
+    return sys.is_finalizing() or (
+        isinstance(exc, RuntimeError) and "cannot schedule new futures" in str(exc)
+    )
 
 
 def _budget(region: Path) -> float | None:

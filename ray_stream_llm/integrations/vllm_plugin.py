@@ -37,7 +37,8 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-REPORT_DIR_ENV = "RAY_STREAM_LLM_LOAD_REPORT_DIR"
+from ray_stream_llm.integrations.compile_cache import REPORT_DIR_ENV, tensor_parallel_rank
+
 # The streamer's tuning, as the streaming process sees it (vLLM applies its
 # model_loader_extra_config to this process's environment before it streams).
 STREAMER_SETTINGS = {
@@ -67,19 +68,6 @@ def plugin_inactive_reason(env: Mapping[str, str] | None = None) -> str | None:
 
 def streamer_settings() -> dict[str, str]:
     return {k: os.environ.get(v, "default") for k, v in STREAMER_SETTINGS.items()}
-
-
-def tensor_parallel_rank() -> int | None:
-    """This process's tensor-parallel rank once vLLM set up its groups (a worker loading
-    weights), else None."""
-    try:
-        from vllm.distributed import parallel_state
-
-        if getattr(parallel_state, "_TP", None) is None:
-            return None
-        return int(parallel_state.get_tensor_model_parallel_rank())
-    except Exception:
-        return None
 
 
 # vLLM's Ray executor copies the variables named here to its worker actors: with it the
