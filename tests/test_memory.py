@@ -284,7 +284,8 @@ CHILD = textwrap.dedent(
         region.mkdir(parents=True)
         (region / ".done").mkdir()
         import dataclasses
-        marker = {"uri": str(uri), "objects": [dataclasses.asdict(o) for o in objects(100 * MiB)]}
+        marker = {"uri": str(uri), "objects": [dataclasses.asdict(o) for o in objects(100 * MiB)],
+                  "required": True}  # weight_sharing='node': the waiter fails by the sizes
         (region / ".created").write_text(json.dumps(marker))  # as NodeWeights.acquire writes it
         with open(region / "model.safetensors", "wb") as f:
             f.truncate(100 * MiB)
