@@ -148,9 +148,15 @@ def pull_timeout(weight_bytes: int, store_timeout_s: float | None = None) -> flo
     return budget + weight_bytes / MIN_PULL_RATE
 
 
+def _marker(region: Path) -> dict[str, Any]:
+    """The region's marker (:data:`CREATED`) as written when the region was made."""
+    meta: dict[str, Any] = json.loads((region / CREATED).read_text())
+    return meta
+
+
 def _objects_of(region: Path) -> tuple[ObjectInfo, ...]:
     """The weight objects a region was made for, as its marker records them."""
-    meta = json.loads((region / CREATED).read_text())
+    meta = _marker(region)
     return tuple(ObjectInfo(**o) for o in meta["objects"])
 
 
@@ -312,7 +318,7 @@ WARM_UNTIL = ".warm_until"  # a region kept for a later job: the time it may be 
 
 def _keep_warm_s(region: Path) -> float:
     try:
-        return float(json.loads((region / CREATED).read_text()).get("keep_warm_s") or 0.0)
+        return float(_marker(region).get("keep_warm_s") or 0.0)
     except (OSError, ValueError, TypeError):
         return 0.0
 
@@ -532,7 +538,7 @@ UNSHARED = ".unshared"  # 'auto' gave the region up (it no longer fits): stream 
 
 def _required(region: Path) -> bool:
     try:
-        return bool(json.loads((region / CREATED).read_text()).get("required"))
+        return bool(_marker(region).get("required"))
     except (OSError, ValueError):
         return True
 
@@ -555,7 +561,7 @@ def _exiting(exc: BaseException) -> bool:
 
 def _budget(region: Path) -> float | None:
     try:
-        value = json.loads((region / CREATED).read_text()).get("timeout_s")
+        value = _marker(region).get("timeout_s")
     except (OSError, ValueError):
         return None
     return float(value) if value is not None else None
@@ -590,7 +596,7 @@ def source_of(path: str) -> tuple[str, float]:
     region = region_of(path)
     if region is None or done(region, Path(os.path.realpath(path)).name):
         return path, waited
-    meta = json.loads((region / CREATED).read_text())
+    meta = _marker(region)
     [key] = [o.key for o in _objects_of(region) if o.path == Path(path).name]
     uri = str(meta["uri"])
     scheme_and_bucket = uri.split("/", 3)[:3]  # "s3:", "", "<bucket>"
@@ -644,7 +650,7 @@ def _take_over(region: Path) -> None:
     from ray_stream_llm.uri import parse_model_uri
 
     try:
-        meta = json.loads((region / CREATED).read_text())
+        meta = _marker(region)
         objects = _objects_of(region)
     except (OSError, ValueError, KeyError, TypeError):
         return
