@@ -9,6 +9,8 @@ without an engine.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from helpers.jobs import run_isolated
 
@@ -174,5 +176,66 @@ def test_a_shared_region_keys_the_compile_cache_by_its_digest_not_its_node(tiny_
         for weights in ("s3://models/tiny/single/", str(tmp_path / "node-a"), ""):
             config.model_config.model_weights = weights  # not a region: vLLM's own key
             assert caching.aot_compile_hash_factors(config) == original(config)
+    finally:
+        caching.aot_compile_hash_factors = installed
+
+
+def test_the_same_metadata_under_two_uris_keys_alike(tiny_layout, tmp_path):
+    """Every engine's ``model`` is this library's metadata directory, named after the model's
+    URI: with the plugin's key a copy of the model under another URI (the same files) gets
+    the same key, a changed config.json another, and a directory the library did not fetch
+    is keyed as vLLM keys it."""
+    import json
+    import shutil
+
+    from vllm.compilation import caching
+    from vllm.engine.arg_utils import EngineArgs
+
+    from ray_stream_llm.fetch import MARKER, _crc32
+
+    source = tiny_layout("single")
+    names = sorted(p.name for p in source.iterdir() if p.is_file() and "safetensors" not in p.name)
+    dirs = {}
+    for name in ("aaaa", "bbbb", "cccc"):
+        dirs[name] = tmp_path / name
+        dirs[name].mkdir()
+        for file in names:
+            shutil.copy(source / file, dirs[name] / file)
+    config_json = json.loads((dirs["cccc"] / "config.json").read_text())
+    config_json["rms_norm_eps"] = config_json.get("rms_norm_eps", 1e-6) * 10
+    (dirs["cccc"] / "config.json").write_text(json.dumps(config_json))
+    for uri, name in (("s3://a/m/", "aaaa"), ("s3://b/copy/", "bbbb"), ("s3://c/m/", "cccc")):
+        files = {  # as fetch_model_metadata records them; ETags differ between stores
+            f: {
+                "size": (dirs[name] / f).stat().st_size,
+                "etag": f"{name}-{f}",
+                "crc32": _crc32(dirs[name] / f),
+            }
+            for f in names
+        }
+        (dirs[name] / MARKER).write_text(json.dumps({"version": 2, "uri": uri, "files": files}))
+    config = EngineArgs(
+        model=str(dirs["aaaa"]), load_format="runai_streamer"
+    ).create_engine_config()
+
+    uris = {"aaaa": "s3://a/m/", "bbbb": "s3://b/copy/", "cccc": "s3://c/m/"}
+
+    def key(model: Path) -> list[str]:
+        config.model_config.model = str(model)
+        config.model_config.model_weights = uris[model.name]  # streamed from there
+        return list(caching.aot_compile_hash_factors(config))
+
+    installed = caching.aot_compile_hash_factors
+    original = getattr(installed, "__wrapped__", installed)
+    caching.aot_compile_hash_factors = original
+    assert key(dirs["aaaa"]) != key(dirs["bbbb"])  # vLLM's own key: one per path
+    try:
+        assert compile_cache.stable_key()
+        assert key(dirs["aaaa"]) == key(dirs["bbbb"]) != key(dirs["cccc"])
+        assert config.model_config.model == str(dirs["cccc"])  # left as vLLM had it
+        assert config.model_config.model_weights == "s3://c/m/"
+        (dirs["bbbb"] / MARKER).unlink()  # not fetched by the library: vLLM's own key
+        config.model_config.model = str(dirs["bbbb"])
+        assert caching.aot_compile_hash_factors(config) == original(config)
     finally:
         caching.aot_compile_hash_factors = installed

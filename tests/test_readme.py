@@ -84,6 +84,10 @@ def test_readme_snippets_run_as_typed(work):
         setup = "\n".join(quickstart.strip().splitlines()[:2])  # the second shell's state
         second = _shell(setup + "\n" + own_job, checkout, env)
         assert "streamable: yes" in second and "rows: 2/2" in second, second[-3000:]
+        # the user's model is the demo model under another URI: its engine loaded the code
+        # the quickstart's engine compiled (the compile cache is keyed by the files, not
+        # their URI: docs/compile-cache.md)
+        assert "(cache: hit)" in second, second[-3000:]
         assert (checkout / "answers" / "answers.parquet").is_file()
     finally:
         if store.poll() is None:

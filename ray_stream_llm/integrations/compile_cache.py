@@ -20,9 +20,11 @@ nothing, only where vLLM calls it and torch's class lacks it (feature-detected: 
 vLLM that checks first, or a torch that has one, it changes nothing).
 ``RAY_STREAM_LLM_AOT_LOAD_FIX=0`` turns it off.
 
-**The key.** An engine streaming from the node's shared region has the region's path, which
-holds the Ray node's ID, as ``model_weights``, which vLLM hashes into the key:
-:func:`stable_key` keys it by the region's digest instead.
+**The key.** vLLM hashes the model's paths into the key: an engine streaming from the
+node's shared region has the region's path, which holds the Ray node's ID, as
+``model_weights``, and every engine has this library's metadata directory, named after the
+model's URI, as ``model``. :func:`stable_key` keys them by the region's digest and the
+metadata's contents instead.
 
 **The measurement.** In the engine's processes (``RAY_STREAM_LLM_LOAD_REPORT_DIR`` set
 by the engine actor), :func:`measure` times each of vLLM's own
@@ -35,6 +37,7 @@ by the engine actor), :func:`measure` times each of vLLM's own
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import inspect
 import json
 import logging
@@ -129,13 +132,37 @@ def region_identity(weights: Any) -> str | None:
     return f"ray_stream_llm-region:{os.path.basename(path)}"
 
 
+def metadata_identity(model: Any) -> str | None:
+    """What a model directory this library fetched stands for in a compile cache key: a
+    digest of what its ``fetch_model_metadata`` marker records of each file (name, size,
+    CRC32 of the bytes), not its path (named after the model's URI), so the same model
+    under another URI, a copy in another bucket, keys alike; None for any other directory."""
+    if not isinstance(model, str) or not model:
+        return None
+    from ray_stream_llm.fetch import MARKER
+
+    try:
+        with open(os.path.join(os.path.realpath(os.path.expanduser(model)), MARKER)) as f:
+            files = json.load(f)["files"]
+        recorded = sorted((str(n), v["size"], v["crc32"]) for n, v in files.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    digest = hashlib.sha256(json.dumps(recorded).encode()).hexdigest()[:32]
+    return f"ray_stream_llm-metadata:{digest}"
+
+
 def stable_key() -> bool:
     """vLLM's AOT compile cache key (``vllm.compilation.caching.aot_compile_hash_factors``)
-    hashes ``model_weights``, which for an engine streaming from the node's shared region is
-    ``<base>/<ray node id>/<digest>``: a new key, so a new compile, on every Ray cluster the
-    node joins. The key is computed with the region's :func:`region_identity` instead (the
-    weights' location never changes the compiled code; their identity stays in the key).
-    Whether it is in place."""
+    hashes ``model`` and ``model_weights``: paths. For an engine streaming from the node's
+    shared region ``model_weights`` is ``<base>/<ray node id>/<digest>`` (a new key, so a new
+    compile, on every Ray cluster the node joins), and ``model`` is this library's metadata
+    directory, named after the model's URI (a new compile for the same model under another
+    URI), and ``model_weights`` of an engine streaming from the store is the URI. The key
+    is computed with :func:`region_identity` and :func:`metadata_identity` instead, and
+    without the URI of streamed weights: where the files are never changes the compiled
+    code, and the config that does stays in the key. (The weights' values are not in
+    vLLM's key either: a model replaced at its path loads the artifact compiled before;
+    Inductor's code takes them as inputs.) Whether it is in place."""
     from vllm.compilation import caching
 
     original = getattr(caching, "aot_compile_hash_factors", None)
@@ -146,15 +173,27 @@ def stable_key() -> bool:
 
     def aot_compile_hash_factors(vllm_config: Any) -> list[str]:
         model_config = getattr(vllm_config, "model_config", None)
-        weights = getattr(model_config, "model_weights", None)
-        identity = region_identity(weights)
-        if identity is None or model_config is None:
+        if model_config is None:
             return list(original(vllm_config))
-        model_config.model_weights = identity
+        saved = {name: getattr(model_config, name, None) for name in ("model", "model_weights")}
+        found = {
+            "model": metadata_identity(saved["model"]),
+            "model_weights": region_identity(saved["model_weights"]),
+        }
+        weights = saved["model_weights"]
+        if found["model"] and not found["model_weights"] and "://" in str(weights or ""):
+            # streamed from the store: the URI is only where the weights are
+            found["model_weights"] = "ray_stream_llm-streamed"
+        found = {name: identity for name, identity in found.items() if identity is not None}
+        if not found:
+            return list(original(vllm_config))
+        for name, identity in found.items():
+            setattr(model_config, name, identity)
         try:
             return list(original(vllm_config))
         finally:
-            model_config.model_weights = weights
+            for name in found:
+                setattr(model_config, name, saved[name])
 
     setattr(aot_compile_hash_factors, _KEYED, True)
     aot_compile_hash_factors.__wrapped__ = original  # type: ignore[attr-defined]
