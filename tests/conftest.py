@@ -117,6 +117,55 @@ def silent_endpoint() -> Iterator[str]:
     listener.close()
 
 
+# --- one streamed job on the sharded tiny model, shared by the files that need one ----------
+
+
+@pytest.fixture(scope="session")
+def sharded_job(s3_server: LocalS3Server, tiny_models: dict[str, UploadedModel]) -> Iterator[dict]:
+    """The sharded tiny model answering SHARDED_QUESTIONS (greedy) with one engine that streams
+    from the store through a proxy adding 50 ms to every request chunk, the store set once,
+    in the config (endpoint ``localhost``), the driver's environment with no AWS variable.
+    Run once for the session: tests/test_faults.py proves the slow store and the settings
+    with it, tests/test_sharing.py takes its answers as the unshared control."""
+    from helpers.faultproxy import FaultProxy
+    from helpers.jobs import (
+        SHARDED_MAX_TOKENS,
+        SHARDED_QUESTIONS,
+        reads_under,
+        run_isolated,
+        store_through,
+    )
+
+    model = tiny_models["sharded"]
+    work = Path(tempfile.mkdtemp(prefix="rsl-job-", dir="/tmp"))  # short: Ray socket paths
+    try:
+        with FaultProxy(s3_server.port, latency=0.05) as proxy:
+            store = store_through(s3_server, proxy.endpoint_url.replace("127.0.0.1", "localhost"))
+            before = s3_server.served()
+            out, written, seconds = run_isolated(
+                s3_server,
+                work,
+                model.uri,
+                "runai_streamer",
+                SHARDED_QUESTIONS,
+                max_tokens=SHARDED_MAX_TOKENS,
+                object_store=store,
+            )
+            bytes_down = proxy.bytes_down
+        yield {
+            "model": model,
+            "secret": s3_server.secret_access_key,
+            "work": work,
+            "out": out,
+            "written": written,
+            "seconds": seconds,
+            "bytes_down": bytes_down,
+            "reads": reads_under(s3_server, model.uri, before),
+        }
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 # --- the real demo model, leftovers check -------------------------------------------------
 SESSION_START = __import__("time").time()
 

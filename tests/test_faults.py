@@ -7,15 +7,11 @@ lands inside the weight stream as surely as 100 MB into SmolLM2's 269 MB did."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from helpers.faultproxy import FaultProxy
-from helpers.jobs import reads_under, run_isolated, store_through
+from helpers.jobs import SHARDED_MAX_TOKENS, SHARDED_QUESTIONS, run_isolated, store_through
 from helpers.models import UploadedModel
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e, pytest.mark.engine]
@@ -103,61 +99,26 @@ def test_store_stays_away_fails_with_the_cause(s3_server, tiny_models, work):
 
 
 # --- one job, two proofs: a slow store, and store settings given only in the config --------
-@pytest.fixture(scope="module")
-def slow_store_job(s3_server, tiny_models) -> Iterator[dict]:
-    """The sharded tiny model through a proxy that adds 50 ms to every request chunk, the
-    store set once, in the config (endpoint ``localhost``), the driver's environment with
-    no AWS variable. Run once for the two tests below, which used to run the same job
-    each (one straight to the server, one through the slow proxy)."""
-    model = tiny_models["sharded"]
-    secret = s3_server.secret_access_key
-    work = Path(tempfile.mkdtemp(prefix="rsl-job-", dir="/tmp"))  # short: Ray socket paths
-    try:
-        with FaultProxy(s3_server.port, latency=0.05) as proxy:
-            store = store_through(s3_server, proxy.endpoint_url.replace("127.0.0.1", "localhost"))
-            before = s3_server.served()
-            out, written, seconds = run_isolated(
-                s3_server,
-                work,
-                model.uri,
-                "runai_streamer",
-                ["hello world", "ray data", "object store"],
-                max_tokens=4,
-                object_store=store,
-            )
-            bytes_down = proxy.bytes_down
-        yield {
-            "model": model,
-            "secret": secret,
-            "work": work,
-            "out": out,
-            "written": written,
-            "seconds": seconds,
-            "bytes_down": bytes_down,
-            "reads": reads_under(s3_server, model.uri, before),
-        }
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def test_slow_store_still_completes(slow_store_job):
+# (the session's sharded_job, tests/conftest.py, which test_sharing also takes as its control)
+def test_slow_store_still_completes(sharded_job):
     """50 ms added to every request chunk: slower, and every row comes back."""
-    out = slow_store_job["out"]
-    assert slow_store_job["bytes_down"] > 0
-    assert len(out["rows"]) == 3 and all(r["num_generated_tokens"] == 4 for r in out["rows"])
-    print(f"\nslow store: {len(out['rows'])} rows in {slow_store_job['seconds']:.1f}s")
+    out = sharded_job["out"]
+    assert sharded_job["bytes_down"] > 0
+    assert sorted(r["question"] for r in out["rows"]) == sorted(SHARDED_QUESTIONS)
+    assert all(r["num_generated_tokens"] == SHARDED_MAX_TOKENS for r in out["rows"])
+    print(f"\nslow store: {len(out['rows'])} rows in {sharded_job['seconds']:.1f}s")
 
 
-def test_settings_only_in_config_reach_every_actor_and_no_secret_leaks(s3_server, slow_store_job):
+def test_settings_only_in_config_reach_every_actor_and_no_secret_leaks(s3_server, sharded_job):
     """Issue 3: the store set once, in the config; the driver's environment has no AWS
     variable. A secret must not appear in any output or any file the run wrote."""
-    out, model, work = slow_store_job["out"], slow_store_job["model"], slow_store_job["work"]
-    secret = slow_store_job["secret"]
-    assert len(out["rows"]) == 3 and all(r["num_generated_tokens"] == 4 for r in out["rows"])
-    assert slow_store_job["written"] == {}
+    out, model, work = sharded_job["out"], sharded_job["model"], sharded_job["work"]
+    secret = sharded_job["secret"]
+    assert len(out["rows"]) == len(SHARDED_QUESTIONS)
+    assert sharded_job["written"] == {}
     shards = {w for w in model.weights if w.endswith(".safetensors")}
     assert len(shards) >= 3
-    reads = {u.removeprefix(model.uri) for u in slow_store_job["reads"]}
+    reads = {u.removeprefix(model.uri) for u in sharded_job["reads"]}
     assert shards <= reads  # every shard was streamed by the engine, with the config's settings
     # the secret: nowhere in the driver's output, Ray's session logs, or any file written
     leaks = []

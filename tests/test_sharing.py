@@ -10,27 +10,20 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import stat
-import tempfile
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from helpers.jobs import run_isolated, store_through
+from helpers.jobs import SHARDED_MAX_TOKENS, SHARDED_QUESTIONS, run_isolated, store_through
 from helpers.s3log import AccessLog, copy_model, prefix_of
 
 from ray_stream_llm.integrations.node_weights import CHUNK, DEFAULT_BASE
 from ray_stream_llm.tools.throttle import Throttle
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e, pytest.mark.engine]
-QUESTIONS = [
-    "What is 2+2?",
-    "Name three primary colors.",
-    "Say hello in French.",
-    "What is the capital of France?",
-]
+QUESTIONS = SHARDED_QUESTIONS  # the control's (sharded_job)
 
 
 def _reapers() -> list[psutil.Process]:
@@ -48,16 +41,10 @@ def sharded(s3_server, tiny_models):
 
 
 @pytest.fixture(scope="module")
-def unshared_answers(s3_server, sharded) -> dict[str, str]:
-    """The control: the same questions answered by one engine streaming from the store."""
-    work = Path(tempfile.mkdtemp(prefix="rsl-job-", dir="/tmp"))
-    try:
-        out, _, _ = run_isolated(
-            s3_server, work, sharded.uri, "runai_streamer", QUESTIONS, max_tokens=8,
-            config={"weight_sharing": "off"},
-        )  # fmt: skip
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+def unshared_answers(sharded_job) -> dict[str, str]:
+    """The control: the same questions answered by one engine streaming the same model from
+    the store (the session's sharded_job, tests/conftest.py)."""
+    out = sharded_job["out"]
     assert [r["weight_sharing"] for r in out["load_reports"]] == ["off"]
     return {r["question"]: r["answer"] for r in out["rows"]}
 
@@ -107,7 +94,7 @@ def test_auto_shares_one_pull_on_the_users_path(s3_server, sharded, unshared_ans
             sharded.uri,
             "runai_streamer",
             QUESTIONS,
-            max_tokens=8,
+            max_tokens=SHARDED_MAX_TOKENS,
             object_store=_through(s3_server, link),
             config={"concurrency": 2},  # weight_sharing="auto", the default
             num_cpus=4,
@@ -154,7 +141,7 @@ def test_an_engine_without_the_plugin_waits_for_the_whole_region(
             sharded.uri,
             "runai_streamer",
             QUESTIONS,
-            max_tokens=8,
+            max_tokens=SHARDED_MAX_TOKENS,
             object_store=_through(s3_server, link),
             config={"weight_sharing": "node"},
             env={"VLLM_PLUGINS": "none"},

@@ -5,7 +5,8 @@ Imported at build time only: Ray's stage modules import torch.
 The streamed build checks the model on the driver (``inspect_model``), fetches its
 metadata there, reuses Ray's own builder for the stage graph over the local
 directory, then swaps each stage's UDF for its streaming subclass
-(:mod:`ray_stream_llm.integrations.udfs`), which fetches the same metadata on its
+(:mod:`ray_stream_llm.integrations.udfs`; the engine's in
+:mod:`~ray_stream_llm.integrations.engine_udf`), which fetches the same metadata on its
 own node (deterministic directory, one download per node). The store's settings
 reach every stage through its runtime_env (:mod:`.runtime_env`).
 """
@@ -25,23 +26,41 @@ from ray_stream_llm.integrations.compat import (
     HAS_PLACEMENT_GROUP_CONFIG,
     MODEL_FREE_UDFS,
     SUPPORTED_RAY,
+    ChatTemplateUDF,
+    DetokenizeUDF,
     Processor,
+    TokenizeUDF,
     ray_builds_with,
     vllm_is_cpu_build,
-    vLLMEngineStageUDF,
 )
+from ray_stream_llm.integrations.engine_stage import vLLMEngineStageUDF
+from ray_stream_llm.integrations.engine_udf import StreamingvLLMEngineStageUDF
 from ray_stream_llm.integrations.node_weights import DEFAULT_BASE, Sharing
 from ray_stream_llm.integrations.runtime_env import deliver_env, scoped_env, store_updates
 from ray_stream_llm.integrations.udfs import (
-    STREAMING_UDFS,
+    PrepareMultimodalUDF,
     SecretEnv,
-    StreamingvLLMEngineStageUDF,
+    StreamingChatTemplateUDF,
+    StreamingDetokenizeUDF,
+    StreamingPrepareMultimodalUDF,
+    StreamingTokenizeUDF,
 )
 from ray_stream_llm.preflight import preflight
 from ray_stream_llm.stores.settings import StoreSettings, derive_settings
 from ray_stream_llm.uri import parse_model_uri
 
 logger = logging.getLogger(__name__)
+
+# Ray's stage UDF -> this library's subclass (pickled by reference: the tokenizer-side
+# ones from udfs, which imports no vLLM; the engine's from engine_udf)
+STREAMING_UDFS: dict[type, type] = {
+    ChatTemplateUDF: StreamingChatTemplateUDF,
+    TokenizeUDF: StreamingTokenizeUDF,
+    DetokenizeUDF: StreamingDetokenizeUDF,
+    vLLMEngineStageUDF: StreamingvLLMEngineStageUDF,
+}
+if PrepareMultimodalUDF is not None:  # Ray >= 2.53
+    STREAMING_UDFS[PrepareMultimodalUDF] = StreamingPrepareMultimodalUDF
 
 CPU_STAGE_NUM_CPUS = 0.25
 MAP_NUM_CPUS = 0.1

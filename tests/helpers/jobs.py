@@ -17,6 +17,15 @@ from ray_stream_llm.tools.localstore import LocalS3Server
 
 DRIVER = Path(__file__).with_name("e2e_driver.py")
 
+# the session's one job on the sharded tiny model (tests/conftest.py: sharded_job)
+SHARDED_QUESTIONS = [
+    "What is 2+2?",
+    "Name three primary colors.",
+    "Say hello in French.",
+    "What is the capital of France?",
+]
+SHARDED_MAX_TOKENS = 4
+
 
 def weight_files_written(roots: list[Path], since: float) -> dict[str, int]:
     """Weight files (any format) under ``roots`` modified since ``since``: path -> bytes."""

@@ -1,0 +1,303 @@
+"""The engine stage UDF of a streamed processor: Ray's, with the model's metadata fetched
+on the node and the URI given to vLLM as ``model_weights`` (vLLM then skips its own
+metadata pull and its runai loader streams the weights), or the node's shared region
+where the weights are shared; it retries a start that failed on the store, and reports
+the load. Imported only in the engine actor and by the driver's build: it imports vLLM.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ray_stream_llm.errors import EngineStartError, RayStreamLLMError, WeightLoadError
+from ray_stream_llm.fetch import FetchReport, fetch_metadata_report
+from ray_stream_llm.integrations import memory
+from ray_stream_llm.integrations.compat import vllm_is_cpu_build
+from ray_stream_llm.integrations.compile_cache import engine_figures
+from ray_stream_llm.integrations.engine_stage import engine_stage_shims, vLLMEngineStageUDF
+from ray_stream_llm.integrations.node_weights import (
+    NodeWeights,
+    Sharing,
+    pull_status,
+    start_pull,
+    unshared,
+    wait_all,
+)
+from ray_stream_llm.integrations.progress import progress_enabled
+from ray_stream_llm.integrations.shm import remove_orphaned_segments, segments_of, spawn_janitor
+from ray_stream_llm.integrations.stream_watch import StreamWatcher, from_streamer, root_cause
+from ray_stream_llm.integrations.telemetry import job_id, node_ip, publish, store_failure
+from ray_stream_llm.integrations.udfs import SecretEnv, _prepare, local_metadata
+from ray_stream_llm.integrations.vllm_plugin import plugin_inactive_reason, streamer_settings
+from ray_stream_llm.redact import redact
+from ray_stream_llm.reports import build_report
+from ray_stream_llm.uri import ModelURI, parse_model_uri
+
+logger = logging.getLogger(__name__)
+
+
+_KV_CACHE_SETTINGS = ("kv_cache_memory_bytes", "gpu_memory_utilization")
+
+
+def cpu_kv_cache_default(engine_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """With vLLM's CPU build, ``engine_kwargs`` with ``kv_cache_memory_bytes`` sized from
+    the memory available on this node, unless the user chose (VLLM_CPU_KVCACHE_SPACE,
+    ``kv_cache_memory_bytes`` or ``gpu_memory_utilization``). vLLM's own CPU default
+    reserves 92% of the node's total memory and refuses to start when less is free.
+
+    Available means what this process may use: the least of the host's available memory
+    and its cgroups' headroom (a container's limit), less the bytes still to come into
+    the node's shared weights (:func:`ray_stream_llm.integrations.memory.available_for_engine`).
+    """
+    if not vllm_is_cpu_build() or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        return engine_kwargs
+    if any(engine_kwargs.get(name) is not None for name in _KV_CACHE_SETTINGS):
+        return engine_kwargs
+    from ray_stream_llm.integrations.node_weights import DEFAULT_BASE
+
+    available, where = memory.available_for_engine(Path(DEFAULT_BASE))
+    size = memory.kv_cache_default_bytes(available)
+    logger.info(
+        "vLLM CPU build: KV cache of %.2f GiB per engine (%d%% of the %.2f GiB available: "
+        "%s; at least %d MiB, at most %d GiB); set engine_kwargs['kv_cache_memory_bytes'] or "
+        "VLLM_CPU_KVCACHE_SPACE to choose",
+        size / (1 << 30),
+        memory.KV_CACHE_SHARE * 100,
+        available / (1 << 30),
+        where,
+        memory.KV_CACHE_MIN >> 20,
+        memory.KV_CACHE_MAX >> 30,
+    )
+    return {**engine_kwargs, "kv_cache_memory_bytes": size}
+
+
+class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
+    """Ray's engine UDF with metadata fetched locally and weights streamed from the URI."""
+
+    def __init__(
+        self,
+        data_column: str,
+        expected_input_keys: list[str],
+        model: str,
+        engine_kwargs: dict[str, Any],
+        *,
+        secret_env: SecretEnv | None = None,
+        stream: bool = True,
+        load_retries: int = 0,
+        load_retry_backoff_s: float = 0.0,
+        sharing: Sharing | None = None,
+        **kwargs: Any,
+    ):
+        self._started = time.time() - 1.0  # file mtimes are coarser than time.time()
+        # vLLM's IPC sockets in a directory of this engine's own (vLLM leaves them in
+        # VLLM_RPC_BASE_PATH, /tmp by default: about 6 per engine start), removed with it
+        rpc_base = os.environ.get("VLLM_RPC_BASE_PATH") or tempfile.gettempdir()
+        self._rpc_dir = tempfile.mkdtemp(prefix="rsl-rpc-", dir=rpc_base)
+        os.environ["VLLM_RPC_BASE_PATH"] = self._rpc_dir
+        # vLLM's shared memory and that directory are removed however the actor ends
+        spawn_janitor(os.getpid(), self._started, self._rpc_dir)
+        begin = time.perf_counter()
+        uri_text = model
+        fetched: FetchReport | None = None
+        region: str | None = None
+        shared = "off"
+        self._node_weights: NodeWeights | None = None
+        _prepare(secret_env, False, None)  # logging and secrets; the fetch is next
+        engine_kwargs = cpu_kv_cache_default(engine_kwargs)
+        if stream:
+            # the streamer's CPU buffer bounded by the actor's memory, unless the user chose
+            memory.streamer_memory_limit(
+                engine_kwargs, memory.engines_per_node(sharing.engine_resources if sharing else {})
+            )
+            uri = parse_model_uri(model)
+            fetched = fetch_metadata_report(uri)
+            engine_kwargs = dict(engine_kwargs)
+            engine_kwargs["model_weights"] = str(uri)  # vLLM then skips its own pull
+            engine_kwargs.setdefault("served_model_name", model)
+            region, shared = self._share(uri, fetched, sharing)
+            if region is not None:  # every engine of the node streams the node's one pull
+                engine_kwargs["model_weights"] = region
+            if "tokenizer" in engine_kwargs:
+                engine_kwargs["tokenizer"] = local_metadata(engine_kwargs["tokenizer"])
+            model = str(fetched.path)
+        attempts = 1 + max(0, load_retries)
+        for attempt in range(1, attempts + 1):
+            if stream and region is not None and fetched is not None:
+                start_pull(Path(region), parse_model_uri(uri_text), fetched.weight_objects)
+                self._wait_without_plugin(region)
+                if (why := unshared(region)) is not None:  # 'auto' gave it up: the store
+                    engine_kwargs["model_weights"] = str(parse_model_uri(uri_text))
+                    self._release_region()
+                    region, shared = None, f"off: {why}"
+            watcher = StreamWatcher(uri_text, progress=progress_enabled())
+            try:
+                with watcher, engine_stage_shims():
+                    super().__init__(
+                        data_column,
+                        expected_input_keys,
+                        model=model,
+                        engine_kwargs=engine_kwargs,
+                        **kwargs,
+                    )
+                    compiled = engine_figures()  # vLLM's compile phase, as its processes saw it
+            except Exception as exc:  # the engine did not start: why?
+                self._release_engine()
+                delay = load_retry_backoff_s * 2 ** (attempt - 1)
+                error = _start_failure(uri_text, stream, exc, watcher, attempt, attempts)
+                if error is not None:
+                    store_failure(error)  # for ray_stream_llm.typed_errors() on the driver
+                    raise error from exc
+                logger.warning(
+                    "vLLM engine for %s failed to start while loading its weights (attempt "
+                    "%d/%d: %s); retrying in %.1fs",
+                    uri_text,
+                    attempt,
+                    attempts,
+                    _cause(exc, watcher),
+                    delay,
+                )
+                time.sleep(delay)
+                continue
+            publish(
+                build_report(
+                    model=uri_text,
+                    streamed=stream,
+                    attempt=attempt,
+                    ready_seconds=time.perf_counter() - begin,
+                    fetched=fetched,
+                    sessions=watcher.sessions,
+                    sizes=_sizes(fetched, region),
+                    job_id=job_id(),
+                    node_ip=node_ip(),
+                    actor_settings=streamer_settings(),
+                    weight_sharing=shared,
+                    pull=pull_status(region) if region else None,
+                    **compiled,
+                )
+            )
+            return
+
+    @staticmethod
+    def _wait_without_plugin(region: str) -> None:
+        """Where vLLM will not run this library's plugin in the engine's processes (which
+        makes them wait for each region file's completion mark), wait here for every mark
+        before vLLM starts: an engine never reads a file still being written."""
+        reason = plugin_inactive_reason()
+        if reason is None:
+            return
+        logger.warning(
+            "%s: the engine waits for the whole shared pull before it starts streaming", reason
+        )
+        wait_all(region)
+
+    def _share(
+        self, uri: ModelURI, fetched: FetchReport, sharing: Sharing | None
+    ) -> tuple[str | None, str]:
+        """The node's region to stream from, and what the load report says of sharing."""
+        if sharing is None or sharing.mode != "node":
+            return None, "off"
+        self._node_weights = NodeWeights(uri, fetched.weight_objects, sharing)
+        try:
+            region = self._node_weights.acquire()
+        except RayStreamLLMError as exc:  # WeightSharingError: asked for, and it cannot fit
+            store_failure(exc)  # for ray_stream_llm.typed_errors() on the driver
+            raise
+        if region is None:
+            reason = self._node_weights.reason
+            self._node_weights = None
+            return None, f"off: {reason}"
+        return region, "node"
+
+    def _release_region(self) -> None:
+        weights, self._node_weights = self._node_weights, None
+        if weights is not None:
+            weights.release()
+
+    def _release_engine(self) -> None:
+        """What a failed start left behind: the engine processes and their shared memory."""
+        llm = self.__dict__.pop("llm", None)
+        if llm is not None:
+            try:
+                llm.shutdown()
+            except Exception:  # already dead: nothing more to release
+                logger.debug("engine shutdown after a failed start raised", exc_info=True)
+        # the engine's processes are gone: what they mapped is the janitor's to remove,
+        # once this actor exits (it saw them while they lived)
+
+    def __del__(self) -> None:
+        own = segments_of(os.getpid())  # the engine's, while its processes still map them
+        super().__del__()  # shuts the engine down
+        if hasattr(self, "_started") and own:
+            remove_orphaned_segments(self._started, only=own)
+        rpc = getattr(self, "_rpc_dir", None)
+        if rpc is not None:
+            shutil.rmtree(rpc, ignore_errors=True)
+        if hasattr(self, "_node_weights"):
+            self._release_region()  # the last engine of the node removes the region
+
+
+def _sizes(fetched: FetchReport | None, region: str | None) -> dict[str, int]:
+    """Each weight file the engine may stream (its URI, or its path in the node's region)
+    and its size in the store."""
+    if fetched is None:
+        return {}
+    if region is None:
+        return dict(fetched.streamable)
+    return {os.path.join(region, o.path): o.size for o in fetched.weight_objects}
+
+
+def _cause(exc: BaseException, watcher: StreamWatcher) -> str:
+    """vLLM's root cause as its processes logged it, else the exception the actor saw."""
+    return redact(root_cause(watcher.failures) or f"{type(exc).__name__}: {exc}")
+
+
+def _start_failure(
+    uri: str,
+    stream: bool,
+    exc: BaseException,
+    watcher: StreamWatcher,
+    attempt: int,
+    attempts: int,
+) -> RayStreamLLMError | None:
+    """The typed error to raise for a failed engine start, or None to retry it.
+
+    A start is retried only when the weights were the problem: a streaming session began
+    and did not finish, the streamer raised, or the store does not answer now. Anything
+    else (a setting vLLM refused, memory, the model) fails at once, quoting vLLM's root
+    cause.
+    """
+    cause = _cause(exc, watcher)
+    store_now = _store_check(uri) if stream else "not checked"
+    if stream and (
+        watcher.streaming_interrupted or from_streamer(watcher.failures) or store_now != "reachable"
+    ):
+        if attempt < attempts:
+            return None
+        return WeightLoadError(
+            f"the vLLM engine for {uri!r} failed to load its weights {attempts} time(s) (root "
+            f"cause: {cause}); object store now: {store_now}. Check the store and the "
+            "network; load_retries and load_retry_backoff_s set the retry policy"
+        )
+    return EngineStartError(
+        f"the vLLM engine for {uri!r} failed to start, not because of the object store "
+        f"(not retried): {cause}. Fix the engine settings (engine_kwargs) or the node's "
+        "resources; the engine's log has the full traceback"
+    )
+
+
+def _store_check(uri: str) -> str:
+    """One listing of the model: 'reachable', or the typed error's message."""
+    from ray_stream_llm import stores
+
+    model = parse_model_uri(uri)
+    try:
+        stores.list_model(model, None)
+    except RayStreamLLMError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "reachable"
