@@ -25,8 +25,9 @@ import os
 import shutil
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ray_stream_llm import stores
 from ray_stream_llm.cache import CACHE_ENV, cache_root, publishing, replace, sweep
@@ -297,18 +298,34 @@ def fetch_metadata_report(
     return result
 
 
+class ProgressBar(Protocol):
+    def set(self, done: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+# What draws the fetch's progress bar, (description, total bytes) -> a bar or None (bars
+# switched off): registered by ray_stream_llm.integrations, whose bar a Ray worker has the
+# driver draw; empty, no bar.
+_progress: list[Callable[[str, int], ProgressBar | None]] = []
+
+
+def register_progress(factory: Callable[[str, int], ProgressBar | None] | None) -> None:
+    """Set what draws the fetch's progress bars (``ray_stream_llm.integrations`` does, on
+    import); None for none."""
+    _progress[:] = [factory] if factory is not None else []
+
+
 def _download_all(
     client: Client, uri: ModelURI, objects: list[ObjectInfo], into: Path, deadline: StoreDeadline
 ) -> None:
-    from ray_stream_llm.integrations.progress import ByteProgress, progress_enabled
-
     if not objects:
         return
     for obj in objects:
         (into / obj.path).parent.mkdir(parents=True, exist_ok=True)
     bar = (
-        ByteProgress(f"Fetching metadata of {uri}", sum(o.size for o in objects))
-        if (progress_enabled())
+        _progress[0](f"Fetching metadata of {uri}", sum(o.size for o in objects))
+        if _progress
         else None
     )
     done = 0

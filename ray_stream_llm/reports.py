@@ -3,7 +3,8 @@
 Each engine actor builds one :class:`LoadReport` when its engine is ready and
 publishes it (:mod:`ray_stream_llm.integrations.telemetry`): one INFO log line,
 Ray metrics, and a JSON entry in the Ray cluster's internal key-value store, from
-which :func:`load_reports` returns a finished job's reports as data.
+which ``ray_stream_llm.load_reports()`` (in telemetry: it reads Ray's cluster) returns a
+finished job's reports as data.
 
 The streaming figures come from the engine's own processes
 (:mod:`ray_stream_llm.integrations.vllm_plugin`), collected in the actor by
@@ -12,14 +13,10 @@ The streaming figures come from the engine's own processes
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
-
-from ray_stream_llm import errors
 
 if TYPE_CHECKING:
     from ray_stream_llm.fetch import FetchReport
@@ -228,62 +225,3 @@ def build_report(
         compile_cache=compile_cache,
         **stream_figures(sessions, sizes),
     )
-
-
-def load_reports(job_id: str | None = None) -> list[LoadReport]:
-    """The load reports of the engines of a Ray job, oldest first.
-
-    Args:
-        job_id: The Ray job's ID (hex). By default the current driver's job: call it
-            after the dataset has run, in the same process, before ``ray.shutdown()``.
-
-    Raises:
-        RuntimeError: Ray is not initialised in this process.
-
-    >>> ds.materialize()  # doctest: +SKIP
-    >>> [r.weight_bytes for r in load_reports()]  # doctest: +SKIP
-    [269060552]
-    """
-    from ray_stream_llm.integrations.telemetry import stored_reports
-
-    reports = [LoadReport.from_dict(entry) for entry in stored_reports(job_id)]
-    return sorted(reports, key=lambda r: r.finished_at)
-
-
-@contextlib.contextmanager
-def typed_errors(job_id: str | None = None) -> Iterator[None]:
-    """Run a Ray Data job so that an engine's load failure raises this library's typed
-    error, not Ray's wrapper.
-
-    When an engine actor cannot start, Ray Data raises ``ray.exceptions.ActorDiedError``
-    (or a ``RayTaskError``), which ``except WeightLoadError`` does not catch. Inside this
-    block, such a failure is raised again as the error the engine failed with
-    (:class:`~ray_stream_llm.errors.WeightLoadError`,
-    :class:`~ray_stream_llm.errors.EngineStartError`, or the typed store error), with
-    Ray's exception as ``__cause__``. Other failures pass through unchanged.
-
-    >>> from ray_stream_llm.errors import WeightLoadError
-    >>> try:  # doctest: +SKIP
-    ...     with typed_errors():
-    ...         processor(ds).materialize()
-    ... except WeightLoadError as exc:
-    ...     print("the store failed:", exc)
-    """
-    try:
-        yield
-    except errors.RayStreamLLMError:
-        raise
-    except Exception as exc:
-        from ray_stream_llm.integrations.telemetry import stored_failures
-
-        try:
-            failures = stored_failures(job_id)
-        except Exception:  # Ray already shut down: nothing recorded to find
-            failures = []
-        if not failures:
-            raise
-        last = failures[-1]
-        cls = getattr(errors, str(last.get("class")), None)
-        if not (isinstance(cls, type) and issubclass(cls, errors.RayStreamLLMError)):
-            cls = errors.RayStreamLLMError
-        raise cls(str(last.get("message"))) from exc

@@ -93,6 +93,23 @@ def test_ray_and_vllm_internals_only_in_integrations():
     assert {k: v for k, v in outside.items() if v} == {}
 
 
+def test_the_core_imports_no_integration():
+    """Imports go one way: integrations use the core, never the reverse, at module level or
+    inside a function (the fetch's progress bar is registered by the integrations; the
+    readers of Ray's cluster, load_reports and typed_errors, live in telemetry). Only the
+    package's __init__, the public face, names integrations."""
+    edges = [imports for imports in _graph().items()]
+    core = {
+        name: sorted(d for d in deps if d.startswith("ray_stream_llm.integrations"))
+        for name, deps in edges
+        if name != "ray_stream_llm"
+        and not name.startswith(
+            ("ray_stream_llm.integrations", "ray_stream_llm.tools", "ray_stream_llm.cli")
+        )
+    }
+    assert {name: deps for name, deps in core.items() if deps} == {}
+
+
 def test_the_tokenizer_side_stage_actors_never_import_vllm():
     """A chat-template, tokenize or detokenize actor unpickles its UDF class from
     ``integrations.udfs``: importing that (and the package) loads no vLLM, which costs each

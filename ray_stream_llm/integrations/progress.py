@@ -54,6 +54,12 @@ class ByteProgress:
         self._bar.close()
 
 
+def fetch_bar(desc: str, total: int) -> ByteProgress | None:
+    """The metadata fetch's bar (:func:`ray_stream_llm.fetch.register_progress`), or None
+    when progress bars are switched off."""
+    return ByteProgress(desc, total) if progress_enabled() else None
+
+
 def _in_ray_worker() -> bool:
     try:
         import ray

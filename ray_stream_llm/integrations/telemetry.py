@@ -1,17 +1,21 @@
 """Publishing load reports: one INFO line, Ray metrics (``ray.util.metrics``; Prometheus
 sees them with Ray's ``ray_`` prefix) and a JSON entry in the cluster's internal KV,
-read back by :func:`ray_stream_llm.load_reports`."""
+read back by :func:`load_reports`; the failures engines record, raised again as typed
+errors by :func:`typed_errors`. Both are public (``ray_stream_llm.load_reports``,
+``ray_stream_llm.typed_errors``) and live here because they read Ray's cluster."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import Any
 
-if TYPE_CHECKING:
-    from ray_stream_llm.reports import LoadReport
+from ray_stream_llm import errors
+from ray_stream_llm.reports import LoadReport
 
 logger = logging.getLogger(__name__)
 
@@ -180,3 +184,58 @@ def job_id() -> str:
         return ray.get_runtime_context().get_job_id() or "unknown"
     except Exception:
         return "unknown"
+
+
+def load_reports(job_id: str | None = None) -> list[LoadReport]:
+    """The load reports of the engines of a Ray job, oldest first.
+
+    Args:
+        job_id: The Ray job's ID (hex). By default the current driver's job: call it
+            after the dataset has run, in the same process, before ``ray.shutdown()``.
+
+    Raises:
+        RuntimeError: Ray is not initialised in this process.
+
+    >>> ds.materialize()  # doctest: +SKIP
+    >>> [r.weight_bytes for r in load_reports()]  # doctest: +SKIP
+    [269060552]
+    """
+    reports = [LoadReport.from_dict(entry) for entry in stored_reports(job_id)]
+    return sorted(reports, key=lambda r: r.finished_at)
+
+
+@contextlib.contextmanager
+def typed_errors(job_id: str | None = None) -> Iterator[None]:
+    """Run a Ray Data job so that an engine's load failure raises this library's typed
+    error, not Ray's wrapper.
+
+    When an engine actor cannot start, Ray Data raises ``ray.exceptions.ActorDiedError``
+    (or a ``RayTaskError``), which ``except WeightLoadError`` does not catch. Inside this
+    block, such a failure is raised again as the error the engine failed with
+    (:class:`~ray_stream_llm.errors.WeightLoadError`,
+    :class:`~ray_stream_llm.errors.EngineStartError`, or the typed store error), with
+    Ray's exception as ``__cause__``. Other failures pass through unchanged.
+
+    >>> from ray_stream_llm.errors import WeightLoadError
+    >>> try:  # doctest: +SKIP
+    ...     with typed_errors():
+    ...         processor(ds).materialize()
+    ... except WeightLoadError as exc:
+    ...     print("the store failed:", exc)
+    """
+    try:
+        yield
+    except errors.RayStreamLLMError:
+        raise
+    except Exception as exc:
+        try:
+            failures = stored_failures(job_id)
+        except Exception:  # Ray already shut down: nothing recorded to find
+            failures = []
+        if not failures:
+            raise
+        last = failures[-1]
+        cls = getattr(errors, str(last.get("class")), None)
+        if not (isinstance(cls, type) and issubclass(cls, errors.RayStreamLLMError)):
+            cls = errors.RayStreamLLMError
+        raise cls(str(last.get("message"))) from exc
