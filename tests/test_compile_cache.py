@@ -9,6 +9,8 @@ without an engine.
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -22,10 +24,12 @@ QUESTIONS = ["hello world", "ray data"]
 @pytest.mark.s3
 @pytest.mark.e2e
 @pytest.mark.engine
-def test_second_job_on_a_node_loads_the_compiled_artifact(s3_server, tiny_models, work):
+def test_engines_of_a_node_compile_once_and_the_next_job_loads_it(s3_server, tiny_models, work):
+    """Two engines start together on a cold node: one compiles, the other waits for its
+    artifact and loads it; the same job run again in the same HOME loads it too."""
     model = tiny_models["single"]
     runs = []
-    for _ in range(2):  # the same job twice, one HOME (so one ~/.cache/vllm) between them
+    for concurrency in (2, 1):  # one HOME (so one ~/.cache/vllm) for both jobs
         out, _, seconds = run_isolated(
             s3_server,
             work,
@@ -34,30 +38,38 @@ def test_second_job_on_a_node_loads_the_compiled_artifact(s3_server, tiny_models
             QUESTIONS,
             max_tokens=4,
             engine_kwargs={"enforce_eager": False},  # vLLM's default: compile
+            config={"concurrency": concurrency, "weight_sharing": "off"},
+            num_cpus=2 * concurrency,
         )
-        [report] = out["load_reports"]
-        runs.append((out, report, (work / "job.log").read_text(errors="replace"), seconds))
-    (out1, cold, log1, s1), (out2, warm, log2, s2) = runs
-    # vLLM's own record: the first engine compiled and saved the artifact, the second loaded
-    # it and did not compile again
-    assert "saved AOT compiled function to" in log1, log1[-3000:]
+        runs.append((out, out["load_reports"], (work / "job.log").read_text("utf-8", "replace")))
+    (out1, together, log1), (out2, [warm], log2) = runs
+    # vLLM's own record: one engine compiled and saved the artifact, the other loaded it,
+    # and so did the next job's engine; nobody compiled over a failed load
+    assert log1.count("saved AOT compiled function to") == 1, log1[-3000:]
+    assert log1.count("Directly load AOT compilation from path") == 1, log1[-3000:]
+    assert "loaded the compiled artifact another engine of this node made" in log1
     assert "Directly load AOT compilation from path" in log2, log2[-3000:]
     assert "Compiling model again" not in log1 + log2
     assert "saved AOT compiled function to" not in log2
-    # the load report says the same, from the engine's processes
-    assert cold["compile_cache"] == "miss" and warm["compile_cache"] == "hit", (cold, warm)
+    # the load reports say the same, from the engines' processes
+    assert sorted(r["compile_cache"] for r in together) == ["hit", "miss"], together
+    [cold] = [r for r in together if r["compile_cache"] == "miss"]
+    assert warm["compile_cache"] == "hit", warm
     assert cold["compile_seconds"] > 0 and warm["compile_seconds"] > 0
     assert warm["compile_seconds"] < 0.5 * cold["compile_seconds"], (cold, warm)
-    assert warm["ready_seconds"] < cold["ready_seconds"], (cold, warm)
     assert f"compile {warm['compile_seconds']:.1f}s (cache: hit)" in log2
     # the loaded code computes what the compiled code did (greedy decoding)
     answers = [{r["question"]: r["answer"] for r in o["rows"]} for o in (out1, out2)]
     assert answers[0] == answers[1] and len(answers[0]) == len(QUESTIONS)
     print(
-        f"\ncompile cache: engine ready {cold['ready_seconds']:.1f}s -> "
-        f"{warm['ready_seconds']:.1f}s, compile {cold['compile_seconds']:.1f}s "
-        f"({cold['compile_cache']}) -> {warm['compile_seconds']:.1f}s "
-        f"({warm['compile_cache']}); jobs {s1:.0f}s, {s2:.0f}s"
+        "\ncompile cache: two engines together "
+        + ", ".join(
+            f"ready {r['ready_seconds']:.1f}s compile {r['compile_seconds']:.1f}s "
+            f"({r['compile_cache']})"
+            for r in together
+        )
+        + f"; next job ready {warm['ready_seconds']:.1f}s, compile "
+        f"{warm['compile_seconds']:.1f}s ({warm['compile_cache']})"
     )
 
 
@@ -239,3 +251,60 @@ def test_the_same_metadata_under_two_uris_keys_alike(tiny_layout, tmp_path):
         assert caching.aot_compile_hash_factors(config) == original(config)
     finally:
         caching.aot_compile_hash_factors = installed
+
+
+def _hold_then(artifact: str, cache: str, seconds: float, save: bool, ready) -> None:
+    """Another engine's process: claims the artifact, 'compiles' for ``seconds``, saves it
+    (or not) and ends its compile block, which releases the lock (its exit would too)."""
+    os.environ["RAY_STREAM_LLM_CACHE"] = cache
+    assert compile_cache.claim_or_wait(artifact, lambda: None) is None  # it compiles
+    ready.set()
+    time.sleep(seconds)
+    if save:
+        Path(artifact).write_text("compiled")
+    compile_cache._release()
+
+
+@pytest.mark.parametrize("save", [True, False])
+def test_an_engine_waits_for_the_node_compile_then_loads_or_compiles_itself(
+    tmp_path, monkeypatch, save
+):
+    """The lock protocol between two real processes: while one compiles, the other waits;
+    it loads the artifact once saved, or compiles itself once the holder ends without one."""
+    import multiprocessing
+
+    monkeypatch.setenv("RAY_STREAM_LLM_CACHE", str(tmp_path / "cache"))
+    artifact = str(tmp_path / "rank_0_0" / "model")
+    Path(artifact).parent.mkdir()
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Event()
+    holder = ctx.Process(
+        target=_hold_then, args=(artifact, str(tmp_path / "cache"), 2.0, save, ready)
+    )
+    holder.start()
+    try:
+        assert ready.wait(30)
+        start = time.monotonic()
+        got = compile_cache.claim_or_wait(artifact, lambda: Path(artifact).read_text())
+        waited = time.monotonic() - start
+    finally:
+        holder.join(30)
+    assert waited > 1.0  # it waited for the holder
+    if save:
+        assert got == "compiled" and not compile_cache._held  # loaded; holds nothing
+    else:
+        assert got is None and artifact in compile_cache._held  # compiles itself, locked
+        compile_cache._release()
+
+
+def test_the_wait_for_another_engines_compile_is_bounded(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_STREAM_LLM_CACHE", str(tmp_path / "cache"))
+    artifact = str(tmp_path / "model")
+    fd = compile_cache._try_lock(compile_cache._lock_path(artifact))  # held by "another"
+    assert fd is not None
+    try:
+        start = time.monotonic()
+        assert compile_cache.claim_or_wait(artifact, lambda: "x", wait_s=1.0) is None
+        assert 1.0 <= time.monotonic() - start < 10
+    finally:
+        os.close(fd)

@@ -67,6 +67,10 @@ def install(directory: str | None) -> None:
         stable_key()
     except Exception:
         logging.getLogger(__name__).debug("compile cache key left as vLLM makes it", exc_info=True)
+    try:
+        compile_once()
+    except Exception:
+        logging.getLogger(__name__).debug("engines of a node compile each", exc_info=True)
     if directory:
         try:
             measure(directory)
@@ -198,6 +202,124 @@ def stable_key() -> bool:
     setattr(aot_compile_hash_factors, _KEYED, True)
     aot_compile_hash_factors.__wrapped__ = original  # type: ignore[attr-defined]
     caching.aot_compile_hash_factors = aot_compile_hash_factors
+    return True
+
+
+# --- one compile per node -----------------------------------------------------------------
+WAIT_ENV = "RAY_STREAM_LLM_COMPILE_WAIT_S"
+DEFAULT_WAIT_S = 1800.0
+_ONCE = "_rsl_compile_once"
+_held: dict[str, int] = {}  # artifact path -> the fd of the lock this process holds
+# in vLLM's processes only vLLM's logger has a handler: its child shows with vLLM's lines
+_engine_log = logging.getLogger("vllm.ray_stream_llm")
+
+
+def _lock_path(artifact: str) -> str:
+    """This library's lock for one artifact path, in its own cache (never in vLLM's)."""
+    from ray_stream_llm.cache import cache_root, make_dirs
+
+    locks = make_dirs(cache_root() / "compile-locks", setting="RAY_STREAM_LLM_CACHE")
+    return str(locks / (hashlib.sha256(artifact.encode()).hexdigest()[:32] + ".lock"))
+
+
+def _try_lock(path: str) -> int | None:
+    """An exclusive ``flock`` on ``path`` without waiting: its fd, or None when another
+    process holds it (released by the kernel when that process ends)."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _release(artifact: str | None = None) -> None:
+    import fcntl
+
+    for path in [artifact] if artifact else list(_held):
+        fd = _held.pop(path, None) if path else None
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+def claim_or_wait(artifact: str, load: Any, wait_s: float | None = None) -> Any:
+    """Before this process compiles what ``artifact`` (vLLM's AOT artifact path) will hold:
+    take the node's lock for it and compile (None), or, when another engine of the node
+    holds it (it is compiling the same code), wait for its artifact and return ``load()``
+    of it. Waits at most ``wait_s`` (``RAY_STREAM_LLM_COMPILE_WAIT_S``, 1800 s), and only
+    while the holder lives and has not finished: then this process compiles itself."""
+    lock = _lock_path(artifact)
+    wait_s = float(os.environ.get(WAIT_ENV, DEFAULT_WAIT_S)) if wait_s is None else wait_s
+    deadline = time.monotonic() + wait_s
+    start = time.monotonic()
+    while True:
+        if os.path.exists(artifact):  # the other engine saved it
+            loaded = load()
+            if loaded is not None:
+                _engine_log.info(
+                    "loaded the compiled artifact another engine of this node made "
+                    "(waited %.1fs for its compile)",
+                    time.monotonic() - start,
+                )
+            return loaded
+        fd = _try_lock(lock)
+        if fd is not None:  # nobody compiles it now: this process does
+            if os.path.exists(artifact):  # saved between the check and the lock
+                os.close(fd)
+                continue
+            _held[artifact] = fd
+            return None
+        if time.monotonic() >= deadline:
+            _engine_log.warning(
+                "another engine of this node has compiled for %.0fs without saving its "
+                "artifact; compiling here (%s sets the wait)",
+                wait_s,
+                WAIT_ENV,
+            )
+            return None
+        time.sleep(0.5)
+
+
+def compile_once() -> bool:
+    """Engines of a node that start together compile once: vLLM's
+    ``_try_load_aot_compiled_fn`` finds no artifact, then :func:`claim_or_wait` lets one
+    process compile and the others load what it saves; the lock is released when its
+    compile block (``monitor_torch_compile``, which ends after the save) ends. Whether it
+    is in place."""
+    from vllm.compilation import decorators
+
+    loader = getattr(decorators, "_try_load_aot_compiled_fn", None)
+    monitor = getattr(decorators, "monitor_torch_compile", None)
+    if loader is None or monitor is None:
+        return False
+    if getattr(loader, _ONCE, False):
+        return True
+
+    def _try_load_aot_compiled_fn(model: Any, aot_compilation_path: str) -> Any:
+        loaded = loader(model, aot_compilation_path)
+        if loaded is not None or os.path.exists(aot_compilation_path):
+            return loaded  # a hit, or a damaged artifact vLLM compiles over (it logged why)
+        try:
+            return claim_or_wait(aot_compilation_path, lambda: loader(model, aot_compilation_path))
+        except OSError:  # no lock to be had: compile, as vLLM would
+            return None
+
+    @contextlib.contextmanager
+    def monitor_torch_compile(*args: Any, **kwargs: Any) -> Iterator[None]:
+        try:
+            with monitor(*args, **kwargs):
+                yield
+        finally:
+            _release()  # this process's compile (and its save) ended
+
+    setattr(_try_load_aot_compiled_fn, _ONCE, True)
+    setattr(monitor_torch_compile, _ONCE, True)
+    decorators._try_load_aot_compiled_fn = _try_load_aot_compiled_fn
+    decorators.monitor_torch_compile = monitor_torch_compile
     return True
 
 
