@@ -191,8 +191,8 @@ def shard(
     """
     import os
 
+    from ray_stream_llm.commands.shard import shard_model
     from ray_stream_llm.errors import InvalidSettingError
-    from ray_stream_llm.tools.shard import shard_model
 
     # stdout is the result (--json): vLLM's log lines go to stderr, with the progress
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
@@ -310,7 +310,7 @@ def run(
     """
     from tqdm import tqdm
 
-    from ray_stream_llm.tools.batch import InputError, parse_engine_kwargs, run_batch
+    from ray_stream_llm.commands.batch import InputError, parse_engine_kwargs, run_batch
 
     bar: tqdm[Any] | None = None
 

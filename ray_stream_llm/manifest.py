@@ -43,7 +43,7 @@ from ray_stream_llm.uri import ModelURI, is_safe_relative, parse_model_uri
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 MAX_METADATA_JSON_BYTES = 16 * 1024 * 1024  # config, index, tokenizer and generation configs
-# The markers of ``ray-stream-llm shard`` (ray_stream_llm.tools.shard) at the root of its
+# The markers of ``ray-stream-llm shard`` (ray_stream_llm.commands.shard) at the root of its
 # output: the partial one written first, the completion one last (then the partial one is
 # deleted). Neither is metadata nor a weight: no fetch brings them to local disk.
 SHARD_PARTIAL_MARKER = "ray-stream-llm-shard.partial"

@@ -104,7 +104,12 @@ def test_the_core_imports_no_integration():
         for name, deps in edges
         if name != "ray_stream_llm"
         and not name.startswith(
-            ("ray_stream_llm.integrations", "ray_stream_llm.tools", "ray_stream_llm.cli")
+            (
+                "ray_stream_llm.integrations",
+                "ray_stream_llm.commands",
+                "ray_stream_llm.tools",
+                "ray_stream_llm.cli",
+            )
         )
     }
     assert {name: deps for name, deps in core.items() if deps} == {}

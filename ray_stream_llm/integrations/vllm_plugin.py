@@ -278,7 +278,7 @@ def register() -> None:
 def save_sharded_checkpoint(
     engine_kwargs: dict[str, Any], stage_dir: str, max_part_bytes: int | None = None
 ) -> tuple[float, float]:
-    """The shard writer's use of vLLM (``ray_stream_llm.tools.shard``): start an engine with
+    """The shard writer's use of vLLM (``ray_stream_llm.commands.shard``): start an engine with
     ``engine_kwargs`` in this process (its tensor-parallel workers are this process's
     children), have every rank save its own state with vLLM's
     ``ShardedStateLoader.save_model`` into ``stage_dir`` (``model-rank-R-part-P.safetensors``,

@@ -15,16 +15,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-# Settings for a single-machine Ray cluster that stays on loopback and phones no one.
-LOCAL_ENV: dict[str, str] = {
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # keeps Ray on 127.0.0.1
-    "VLLM_HOST_IP": "127.0.0.1",
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
+from ray_stream_llm.commands import LOCAL_ENV
 
 
 def private_dirs(work: Path) -> dict[str, str]:

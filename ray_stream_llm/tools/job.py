@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ray_stream_llm.tools.isolated import LOCAL_ENV
+from ray_stream_llm.commands import LOCAL_ENV
 
 # Engine settings that suit the CPU build of vLLM on a small machine.
 CPU_ENGINE_KWARGS: dict[str, Any] = {

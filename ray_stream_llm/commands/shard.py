@@ -481,9 +481,9 @@ def _save_and_upload(
     object_store: ObjectStoreConfig | None,
     log: Callable[[str], None],
 ) -> list[dict[str, Any]]:
+    from ray_stream_llm.commands import LOCAL_ENV
     from ray_stream_llm.integrations.compat import vllm_is_cpu_build
     from ray_stream_llm.integrations.vllm_plugin import save_sharded_checkpoint
-    from ray_stream_llm.tools.isolated import LOCAL_ENV
 
     tp = int(identity["tensor_parallel_size"])
     _check_stage(stage, need)
