@@ -41,7 +41,7 @@ from helpers.models import UploadedModel
 from ray_stream_llm import fetch_model_metadata, inspect_model
 from ray_stream_llm.errors import AccessDeniedError, ModelNotFoundError, StoreUnreachableError
 from ray_stream_llm.stores.settings import ObjectStoreConfig, derive_settings
-from ray_stream_llm.tools.localstore import _free_ports
+from ray_stream_llm.tools.localstore import free_ports
 
 pytestmark = [pytest.mark.azure]
 
@@ -160,7 +160,7 @@ def test_wrong_key_is_access_denied(azurite, az_models, no_store_env):
 
 
 def test_closed_port_is_unreachable_within_seconds(azurite, no_store_env):
-    (port,) = _free_ports(1)
+    (port,) = free_ports(1)
     closed = azurite.connection_string.replace(f":{azurite.port}/", f":{port}/")
     start = time.monotonic()
     with pytest.raises(StoreUnreachableError) as err:

@@ -12,7 +12,7 @@ import pytest
 from helpers.jobs import metric, reads_under, run_isolated
 from helpers.models import is_weight, tensor_bytes
 
-from ray_stream_llm.tools.localstore import _free_ports
+from ray_stream_llm.tools.localstore import free_ports
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e, pytest.mark.engine]
 
@@ -27,7 +27,7 @@ QUESTIONS = [
 
 def test_streamed_smollm2_answers_with_no_weights_on_disk(s3_server, smollm2, work):
     before = s3_server.served()
-    (port,) = _free_ports(1)
+    (port,) = free_ports(1)
     out, written, seconds = run_isolated(
         s3_server, work, smollm2.uri, "runai_streamer", QUESTIONS, metrics_port=port
     )

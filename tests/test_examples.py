@@ -36,7 +36,7 @@ from helpers.jobs import weight_files_written
 
 from ray_stream_llm.integrations.shm import orphaned_segments, remove_orphaned_segments
 from ray_stream_llm.tools.isolated import isolated_env
-from ray_stream_llm.tools.localstore import LocalS3Server, _free_ports
+from ray_stream_llm.tools.localstore import LocalS3Server, free_ports
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 
@@ -155,7 +155,7 @@ class RayHead:
             metrics,
             node_manager,
             object_manager,
-        ) = _free_ports(9)
+        ) = free_ports(9)
         self.address = f"127.0.0.1:{self.gcs_port}"
         self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
         self.cmd = [

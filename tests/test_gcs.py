@@ -28,7 +28,7 @@ from helpers.models import UploadedModel, is_weight
 from ray_stream_llm import fetch_model_metadata, inspect_model
 from ray_stream_llm.errors import AccessDeniedError, ModelNotFoundError, StoreUnreachableError
 from ray_stream_llm.stores.settings import ObjectStoreConfig, derive_settings
-from ray_stream_llm.tools.localstore import _free_ports
+from ray_stream_llm.tools.localstore import free_ports
 
 pytestmark = [pytest.mark.gcs]
 
@@ -102,7 +102,7 @@ def test_missing_prefix(gcs, gcs_models, no_store_env):
 
 
 def test_closed_port_is_unreachable_within_seconds(no_store_env):
-    (port,) = _free_ports(1)
+    (port,) = free_ports(1)
     start = time.monotonic()
     with pytest.raises(StoreUnreachableError) as err:
         fetch_model_metadata(

@@ -140,7 +140,9 @@ def _split_uri(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free TCP ports on 127.0.0.1 (bound together, then released: a port
+    can still be taken before the caller binds it)."""
     socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
     try:
         for s in socks:  # all bound at once, so the ports differ
@@ -176,7 +178,7 @@ class LocalS3Server:
     ) -> None:
         self.root = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="s3srv-"))
         self.startup_timeout = startup_timeout
-        ports = _free_ports(len(_PORTS))
+        ports = free_ports(len(_PORTS))
         if port is not None:
             ports[0] = port
         self._ports = dict(zip(_PORTS, ports, strict=True))

