@@ -153,6 +153,19 @@ def resolve_sharing_dir(value: Any) -> str:
     return path
 
 
+def check_compile_cache_uri(value: str) -> str:
+    """``compile_cache_uri``, checked on the driver: an ``s3://`` prefix (the compile cache
+    is written to S3 and S3-compatible stores only)."""
+    if not (looks_like_uri(value) and value.startswith("s3://")):
+        raise InvalidSettingError(
+            f"compile_cache_uri is {value!r}: give an s3:// prefix (for example "
+            "'s3://bucket/vllm-compile-cache/'), reached with the job's store settings; the "
+            "compile cache is written to S3 and S3-compatible stores only"
+        )
+    parse_model_uri(value)  # a malformed one is a typed error naming it
+    return value
+
+
 class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
     """``vLLMEngineProcessorConfig`` that streams weights from object storage.
 
@@ -221,6 +234,16 @@ class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
         "count against the node's memory check and are dropped first when a new model "
         "needs the room. With a value above 0, 'auto' shares a single engine's weights too.",
     )
+    compile_cache_uri: str | None = Field(
+        default=None,
+        description="Streamed load formats: an s3:// prefix (reached with the job's store "
+        "settings) through which engines share vLLM's compiled code across nodes: before "
+        "vLLM starts, an engine fetches the artifacts other nodes compiled for this model, "
+        "vLLM and torch version and device; an engine that compiled uploads its artifact "
+        "(written whole, marker last; an artifact already there is never replaced). A "
+        "damaged or incompatible artifact gets a warning and vLLM compiles. None: each "
+        "node's own cache only.",
+    )
     small_cluster_defaults: Literal["auto", "on", "off"] = Field(
         default="auto",
         description="Any load format: 'auto' keeps Ray's stage resources unless the cluster "
@@ -245,6 +268,8 @@ class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
         self.check_streaming_source()
         if self.weight_sharing_dir is not None:
             self.weight_sharing_dir = resolve_sharing_dir(self.weight_sharing_dir)
+        if self.compile_cache_uri is not None:
+            check_compile_cache_uri(self.compile_cache_uri)
 
     def check_streaming_source(self) -> None:
         """Raise a typed error for a misspelled streaming format, a malformed URI, streamer
@@ -252,6 +277,8 @@ class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
         ``weight_sharing_dir`` the engines could not agree on."""
         if self.weight_sharing_dir is not None:
             resolve_sharing_dir(self.weight_sharing_dir)
+        if self.compile_cache_uri is not None:
+            check_compile_cache_uri(self.compile_cache_uri)
         load_format = streaming_load_format(self.engine_kwargs)
         if load_format:
             if looks_like_uri(self.model_source):

@@ -10,7 +10,10 @@ without an engine.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -24,27 +27,45 @@ QUESTIONS = ["hello world", "ray data"]
 @pytest.mark.s3
 @pytest.mark.e2e
 @pytest.mark.engine
-def test_engines_of_a_node_compile_once_and_the_next_job_loads_it(s3_server, tiny_models, work):
+def test_engines_compile_once_per_node_and_a_fresh_node_loads_it_from_the_store(
+    s3_server, tiny_models, work
+):
     """Two engines start together on a cold node: one compiles, the other waits for its
-    artifact and loads it; the same job run again in the same HOME loads it too."""
+    artifact and loads it, and the compiled engine ships the artifact to
+    ``compile_cache_uri``; a job on a fresh node (another HOME: nothing cached) fetches it
+    before vLLM starts and loads it. (The same HOME's second start loading vLLM's local
+    cache is tests/test_readme.py's own-model job.)"""
     model = tiny_models["single"]
+    cache_uri = f"s3://models/compile-cache/{uuid.uuid4().hex[:8]}/"
+    fresh = Path(tempfile.mkdtemp(prefix="rsl-job-", dir="/tmp"))  # the fresh node's HOME
+    before = s3_server.served()
     runs = []
-    for concurrency in (2, 1):  # one HOME (so one ~/.cache/vllm) for both jobs
-        out, _, seconds = run_isolated(
-            s3_server,
-            work,
-            model.uri,
-            "runai_streamer",
-            QUESTIONS,
-            max_tokens=4,
-            engine_kwargs={"enforce_eager": False},  # vLLM's default: compile
-            config={"concurrency": concurrency, "weight_sharing": "off"},
-            num_cpus=2 * concurrency,
-        )
-        runs.append((out, out["load_reports"], (work / "job.log").read_text("utf-8", "replace")))
+    try:
+        for concurrency, where in ((2, work), (1, fresh)):
+            out, _, _ = run_isolated(
+                s3_server,
+                where,
+                model.uri,
+                "runai_streamer",
+                QUESTIONS,
+                max_tokens=4,
+                engine_kwargs={"enforce_eager": False},  # vLLM's default: compile
+                config={
+                    "concurrency": concurrency,
+                    "weight_sharing": "off",
+                    "compile_cache_uri": cache_uri,
+                },
+                num_cpus=2 * concurrency,
+            )
+            log = (where / "job.log").read_text("utf-8", "replace")
+            runs.append((out, out["load_reports"], log))
+        # what the fresh node's HOME holds: the fetched artifact, unpacked whole
+        fetched = list((fresh / "home/.cache/vllm/torch_compile_cache/torch_aot_compile").iterdir())
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
     (out1, together, log1), (out2, [warm], log2) = runs
     # vLLM's own record: one engine compiled and saved the artifact, the other loaded it,
-    # and so did the next job's engine; nobody compiled over a failed load
+    # and so did the fresh node's engine; nobody compiled over a failed load
     assert log1.count("saved AOT compiled function to") == 1, log1[-3000:]
     assert log1.count("Directly load AOT compilation from path") == 1, log1[-3000:]
     assert "loaded the compiled artifact another engine of this node made" in log1
@@ -55,9 +76,20 @@ def test_engines_of_a_node_compile_once_and_the_next_job_loads_it(s3_server, tin
     assert sorted(r["compile_cache"] for r in together) == ["hit", "miss"], together
     [cold] = [r for r in together if r["compile_cache"] == "miss"]
     assert warm["compile_cache"] == "hit", warm
-    assert cold["compile_seconds"] > 0 and warm["compile_seconds"] > 0
     assert warm["compile_seconds"] < 0.5 * cold["compile_seconds"], (cold, warm)
-    assert f"compile {warm['compile_seconds']:.1f}s (cache: hit)" in log2
+    # through the store: one artifact written (the tar, then its marker), read by the
+    # fresh node, and the only artifact directory it has
+    cache = [r for r in s3_server.served()[len(before) :] if r.uri.startswith(cache_uri)]
+    puts = list(
+        dict.fromkeys(
+            r.uri.rsplit("/", 1)[1] for r in cache if r.method == "PUT" and r.status == 200
+        )
+    )
+    assert len(puts) == 2 and puts[0].endswith(".tar") and puts[1].endswith(".done"), puts
+    digest = puts[0].removesuffix(".tar")
+    assert [p.name for p in fetched] == [digest]
+    assert any(r.method == "GET" and r.uri.endswith(puts[0]) for r in cache)
+    assert "compile cache: shipped" in log1 and "compile cache: fetched" in log2
     # the loaded code computes what the compiled code did (greedy decoding)
     answers = [{r["question"]: r["answer"] for r in o["rows"]} for o in (out1, out2)]
     assert answers[0] == answers[1] and len(answers[0]) == len(QUESTIONS)
@@ -68,7 +100,7 @@ def test_engines_of_a_node_compile_once_and_the_next_job_loads_it(s3_server, tin
             f"({r['compile_cache']})"
             for r in together
         )
-        + f"; next job ready {warm['ready_seconds']:.1f}s, compile "
+        + f"; a fresh node through the store: ready {warm['ready_seconds']:.1f}s, compile "
         f"{warm['compile_seconds']:.1f}s ({warm['compile_cache']})"
     )
 
@@ -308,3 +340,66 @@ def test_the_wait_for_another_engines_compile_is_bounded(tmp_path, monkeypatch):
         assert 1.0 <= time.monotonic() - start < 10
     finally:
         os.close(fd)
+
+
+# --- the store's half, against the real S3 server (no engine) ---------------------------------
+def _artifact(root: Path, digest: str) -> Path:
+    """A directory shaped like vLLM's torch_aot_compile/<hash>/."""
+    (root / digest / "rank_0_0").mkdir(parents=True)
+    (root / digest / "rank_0_0" / "model").write_bytes(os.urandom(3000))
+    (root / digest / "inductor_cache").mkdir()
+    (root / digest / "inductor_cache" / "graph.py").write_text("print('compiled')\n")
+    (root / digest / "rank_0_0" / "model.123.tmp").write_text("being written")
+    return root / digest
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.mark.s3
+def test_an_artifact_shipped_is_fetched_whole_and_never_replaced(s3_env, s3_server, tmp_path):
+    from ray_stream_llm.integrations import compile_store
+
+    uri = f"s3://models/compile-cache-unit/{uuid.uuid4().hex[:8]}/"
+    made = _artifact(tmp_path / "node-a", "0a1b2c")
+    assert compile_store.ship(uri, "k1", made, None)
+    assert not compile_store.ship(uri, "k1", made, None)  # a complete one is never replaced
+    fresh = tmp_path / "node-b"
+    assert compile_store.fetch(uri, "k1", fresh, None) == ["0a1b2c"]
+    expected = {k: v for k, v in _files(made).items() if not k.endswith(".tmp")}
+    assert _files(fresh / "0a1b2c") == expected  # whole, without the file being written
+    assert [p.name for p in fresh.iterdir()] == ["0a1b2c"]  # no staging left
+    # a directory the node has is never touched; another key holds nothing
+    (fresh / "0a1b2c" / "rank_0_0" / "model").write_bytes(b"vLLM's own")
+    assert compile_store.fetch(uri, "k1", fresh, None) == []
+    assert (fresh / "0a1b2c" / "rank_0_0" / "model").read_bytes() == b"vLLM's own"
+    assert compile_store.fetch(uri, "k2", tmp_path / "node-c", None) == []
+
+
+@pytest.mark.s3
+def test_a_damaged_artifact_is_named_and_not_used(s3_env, s3_server, tmp_path, caplog):
+    from ray_stream_llm.integrations import compile_store
+
+    uri = f"s3://models/compile-cache-unit/{uuid.uuid4().hex[:8]}/"
+    assert compile_store.ship(uri, "k", _artifact(tmp_path / "a", "deadbeef"), None)
+    s3_server.put(f"{uri}k/deadbeef.tar", b"not the tar its marker describes")
+    with caplog.at_level("WARNING"):
+        assert compile_store.fetch(uri, "k", tmp_path / "b", None) == []
+    assert f"{uri}k/deadbeef.tar not used" in caplog.text and "vLLM compiles" in caplog.text
+    assert not (tmp_path / "b" / "deadbeef").exists()
+    assert [p.name for p in (tmp_path / "b").iterdir()] == []  # no staging left
+
+
+def test_compile_cache_uri_is_checked_on_the_driver():
+    from ray_stream_llm import StreamingvLLMEngineProcessorConfig
+    from ray_stream_llm.errors import InvalidSettingError
+
+    kwargs = {"model_source": "s3://m/x/", "engine_kwargs": {"load_format": "runai_streamer"}}
+    config = StreamingvLLMEngineProcessorConfig(**kwargs, compile_cache_uri="s3://b/cache/")
+    assert config.compile_cache_uri == "s3://b/cache/"
+    for bad in ("gs://b/cache/", "/local/dir", "cache"):
+        with pytest.raises(InvalidSettingError, match="compile_cache_uri is"):
+            StreamingvLLMEngineProcessorConfig(**kwargs, compile_cache_uri=bad)

@@ -346,6 +346,7 @@ def build_streaming_processor(
         load_retries=config.load_retries,
         load_retry_backoff_s=config.load_retry_backoff_s,
         sharing=resolve_sharing(config, updates, engine_on_cpu),
+        compile_cache_uri=config.compile_cache_uri,
     )
     _deliver_env(processor, settings)
     processor.config = config
@@ -370,6 +371,7 @@ def _swap_udfs(
     load_retries: int = 0,
     load_retry_backoff_s: float = 0.0,
     sharing: Sharing | None = None,
+    compile_cache_uri: str | None = None,
 ) -> None:
     """Replace each stage's UDF by its subclass here; with ``stream`` hand every stage the
     URI in place of the driver's local directory."""
@@ -399,6 +401,8 @@ def _swap_udfs(
         if replacement is StreamingvLLMEngineStageUDF and stream:
             ctor["load_retries"] = load_retries
             ctor["load_retry_backoff_s"] = load_retry_backoff_s
+            if compile_cache_uri:
+                ctor["compile_cache_uri"] = compile_cache_uri
         if secret_env is not None:
             ctor["secret_env"] = secret_env
         # model_copy, not assignment: Ray's stages validate on assignment, which

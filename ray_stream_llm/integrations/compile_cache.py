@@ -210,6 +210,7 @@ WAIT_ENV = "RAY_STREAM_LLM_COMPILE_WAIT_S"
 DEFAULT_WAIT_S = 1800.0
 _ONCE = "_rsl_compile_once"
 _held: dict[str, int] = {}  # artifact path -> the fd of the lock this process holds
+_artifacts: list[str] = []  # the AOT artifact paths this process's engine looked up
 # in vLLM's processes only vLLM's logger has a handler: its child shows with vLLM's lines
 _engine_log = logging.getLogger("vllm.ray_stream_llm")
 
@@ -300,6 +301,8 @@ def compile_once() -> bool:
         return True
 
     def _try_load_aot_compiled_fn(model: Any, aot_compilation_path: str) -> Any:
+        if aot_compilation_path not in _artifacts:
+            _artifacts.append(aot_compilation_path)
         loaded = loader(model, aot_compilation_path)
         if loaded is not None or os.path.exists(aot_compilation_path):
             return loaded  # a hit, or a damaged artifact vLLM compiles over (it logged why)
@@ -367,6 +370,7 @@ class _Recorder(logging.Handler):
             "load_failures": list(self.failures),
             "inductor_cache": inductor,
             "rank": _rank(),
+            "artifacts": list(_artifacts),
         }
         # the engine actor's directory now (a start in the actor's own process may be
         # its second); never re-made once the actor removed it
@@ -480,10 +484,3 @@ def figures(records: list[dict[str, Any]]) -> dict[str, Any]:
         "compile_seconds": max(float(r["seconds"]) for r in measured),
         "compile_cache": cache,
     }
-
-
-def engine_figures() -> dict[str, Any]:
-    """In the engine actor, inside the ``StreamWatcher`` block (its directory is still
-    there) once the engine is ready: ``compile_seconds`` and ``compile_cache`` for
-    ``build_report``."""
-    return figures(collect(os.environ.get(REPORT_DIR_ENV)))

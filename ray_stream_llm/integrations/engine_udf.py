@@ -17,9 +17,9 @@ from typing import Any
 
 from ray_stream_llm.errors import EngineStartError, RayStreamLLMError, WeightLoadError
 from ray_stream_llm.fetch import FetchReport, fetch_metadata_report
-from ray_stream_llm.integrations import memory
+from ray_stream_llm.integrations import compile_store, memory
 from ray_stream_llm.integrations.compat import vllm_is_cpu_build
-from ray_stream_llm.integrations.compile_cache import engine_figures
+from ray_stream_llm.integrations.compile_cache import REPORT_DIR_ENV, collect, figures
 from ray_stream_llm.integrations.engine_stage import engine_stage_shims, vLLMEngineStageUDF
 from ray_stream_llm.integrations.node_weights import (
     NodeWeights,
@@ -92,6 +92,7 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         load_retries: int = 0,
         load_retry_backoff_s: float = 0.0,
         sharing: Sharing | None = None,
+        compile_cache_uri: str | None = None,
         **kwargs: Any,
     ):
         self._started = time.time() - 1.0  # file mtimes are coarser than time.time()
@@ -126,6 +127,9 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
             if "tokenizer" in engine_kwargs:
                 engine_kwargs["tokenizer"] = local_metadata(engine_kwargs["tokenizer"])
             model = str(fetched.path)
+        compile_key = compile_store.cache_key(model) if compile_cache_uri else None
+        if compile_cache_uri and compile_key:  # what another node compiled, before vLLM starts
+            compile_store.fetch(compile_cache_uri, compile_key, compile_store.aot_root(), None)
         attempts = 1 + max(0, load_retries)
         for attempt in range(1, attempts + 1):
             if stream and region is not None and fetched is not None:
@@ -145,7 +149,8 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
                         engine_kwargs=engine_kwargs,
                         **kwargs,
                     )
-                    compiled = engine_figures()  # vLLM's compile phase, as its processes saw it
+                    ready_seconds = time.perf_counter() - begin
+                    records = collect(os.environ.get(REPORT_DIR_ENV))
             except Exception as exc:  # the engine did not start: why?
                 self._release_engine()
                 delay = load_retry_backoff_s * 2 ** (attempt - 1)
@@ -164,12 +169,13 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
                 )
                 time.sleep(delay)
                 continue
+            compiled = figures(records)  # vLLM's compile phase, as its processes saw it
             publish(
                 build_report(
                     model=uri_text,
                     streamed=stream,
                     attempt=attempt,
-                    ready_seconds=time.perf_counter() - begin,
+                    ready_seconds=ready_seconds,
                     fetched=fetched,
                     sessions=watcher.sessions,
                     sizes=_sizes(fetched, region),
@@ -181,6 +187,9 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
                     **compiled,
                 )
             )
+            if compile_cache_uri and compile_key:  # what this engine compiled, for other nodes
+                for artifact in compile_store.compiled_dirs(records):
+                    compile_store.ship(compile_cache_uri, compile_key, artifact, None)
             return
 
     @staticmethod
