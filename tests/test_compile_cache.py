@@ -59,6 +59,8 @@ def test_engines_compile_once_per_node_and_a_fresh_node_loads_it_from_the_store(
             )
             log = (where / "job.log").read_text("utf-8", "replace")
             runs.append((out, out["load_reports"], log))
+            # the first node goes away with its cache: nothing of it left for the fresh node
+            shutil.rmtree(work / "home" / ".cache" / "vllm", ignore_errors=True)
         # what the fresh node's HOME holds: the fetched artifact, unpacked whole
         fetched = list((fresh / "home/.cache/vllm/torch_compile_cache/torch_aot_compile").iterdir())
     finally:
