@@ -438,12 +438,13 @@ def demo(workdir: str | None) -> None:
 )
 @click.option(
     "--suite",
-    type=click.Choice(["cold-start", "sharing", "all"]),
+    type=click.Choice(["cold-start", "sharing", "warm", "all"]),
     default="cold-start",
     show_default=True,
     help="cold-start: streamed vs downloaded, streamer vs ceiling, metadata fetch; sharing: "
     "plain streaming, Ray's download path and node sharing with 1 and 2 engines behind a "
-    "100 MiB/s link.",
+    "100 MiB/s link; warm: vLLM's default (compiling) start cold, on a warm node and on a "
+    "fresh node with the compile cache shipped through the store, 1 and 2 engines.",
 )
 @click.option(
     "--layers",
@@ -463,7 +464,8 @@ def bench(
 ) -> None:
     """Benchmark on this machine: cold start streamed vs downloaded, streaming vs the store's
     ceiling, metadata fetch of 1/10/100-shard models (--suite cold-start); node sharing
-    with 1 and 2 engines behind a capped link (--suite sharing); prints a table.
+    with 1 and 2 engines behind a capped link (--suite sharing); warm starts (--suite
+    warm); prints a table.
 
     Uses a local S3 server and a generated random-weight model of about 1 GiB
     (cached). Takes a few minutes per run on 2 CPUs.
@@ -481,7 +483,7 @@ def bench(
 
     root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="rsl-bench-", dir="/tmp"))
     try:
-        suites = ("cold-start", "sharing") if suite == "all" else (suite,)
+        suites = ("cold-start", "sharing", "warm") if suite == "all" else (suite,)
         result = run_cpu_benchmarks(
             root,
             repeat=repeat,

@@ -439,8 +439,20 @@ def _figures(run: dict[str, Any]) -> list[tuple[str, float, str, str]]:
             value = result[name]
             if not (isinstance(value, float) and math.isnan(value)):  # NaN: not measured
                 rows.append((f"sharing.{key}.{name}", float(value), unit, kind))
+    for key, result in run.get("warm", {}).items():  # tools/bench_warm.py
+        for name, unit, kind in WARM_FIGURES:
+            value = result[name]
+            if not (isinstance(value, float) and math.isnan(value)):
+                rows.append((f"warm.{key}.{name}", float(value), unit, kind))
     return rows
 
+
+WARM_FIGURES = (
+    ("slowest_ready_seconds", "s", "LATENCY"),
+    ("slowest_compile_seconds", "s", "LATENCY"),
+    ("store_bytes", "B", "THROUGHPUT"),
+    ("first_row_seconds", "s", "LATENCY"),
+)
 
 SHARING_FIGURES = (
     ("store_bytes", "B", "THROUGHPUT"),
@@ -561,6 +573,15 @@ def run_all(
             run["sharing"] = node_sharing(
                 store.model_uri, store.env, store.port, workdir / f"run-{k}", progress=progress
             )
+        if "warm" in suites:
+            from ray_stream_llm.tools.bench_warm import warm_starts
+
+            if store.port is None:
+                raise ValueError("the warm-start benchmark needs the local store's port")
+            progress(f"Run {k}/{repeat}: warm starts (cold, warm node, fresh node) ...")
+            run["warm"] = warm_starts(
+                store.model_uri, store.env, store.port, workdir / f"run-{k}", progress=progress
+            )
         runs.append(run)
     return BenchResult(runs=runs, environment=environment(store))
 
@@ -595,6 +616,10 @@ THRESHOLDS = {
         "max",
         0.6,
     ),
+    # warm starts (issue 20): ready seconds over the cold job's, per engine count
+    "RSL_BENCH_MAX_WARM_READY_RATIO": ("warm.1.warm_over_cold_ready", "max", 0.35),
+    "RSL_BENCH_MAX_FRESH_READY_RATIO": ("warm.1.fresh_over_cold_ready", "max", 0.5),
+    "RSL_BENCH_MAX_TWO_ENGINES_READY_RATIO": ("warm.cold.2_engines_over_1_ready", "max", 1.2),
     "RSL_BENCH_MAX_SHARED_WEIGHT_RATIO_1": (
         "sharing.1.weight_seconds_shared_over_streamed",
         "max",
@@ -626,6 +651,9 @@ def check_thresholds(result: BenchResult, environ: dict[str, str] | None = None)
         from ray_stream_llm.tools.bench_sharing import ratios
 
         derived.update(ratios(series, model_bytes))
+    from ray_stream_llm.tools import bench_warm
+
+    derived.update(bench_warm.ratios(series))
     failures = []
     for var, (metric, kind, default) in THRESHOLDS.items():
         limit = float(environ[var]) if environ.get(var) else default

@@ -1,0 +1,138 @@
+"""The warm-start benchmark: the same job cold, on a warm node, and on a fresh node with the
+compile cache shipped through the store, with 1 and with 2 engines, side by side.
+
+vLLM's default engine arguments (it compiles); weights shared on the node
+(``weight_sharing="node"``) and kept warm (``keep_warm_s``); ``compile_cache_uri`` on the
+benchmark store. The store is reached through a capped link (:mod:`.throttle`, 100 MiB/s),
+as in the node-sharing benchmark. Per engine count, three jobs, each in its own Ray
+cluster:
+
+- ``cold``: an empty node (a fresh HOME: no vLLM cache; no kept weights): it compiles,
+  ships its artifact and keeps its weights warm;
+- ``warm``: the same job again in the same HOME, within ``keep_warm_s``: vLLM's local cache
+  and the kept weights;
+- ``fresh``: once the kept weights are gone, a fresh HOME: nothing local, the compiled
+  artifact fetched from the store.
+
+Figures per job: each engine's ready and compile seconds and the compile outcome, and the
+bytes the store sent through the link (weights, metadata, listings, compile artifacts).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ray_stream_llm.tools.bench_job import MAX_TOKENS, PROMPTS, SAMPLING, run_isolated_job
+from ray_stream_llm.tools.throttle import Throttle
+
+SCENARIOS = ("cold", "warm", "fresh")
+ENGINES = (1, 2)
+DEFAULT_RATE = 100 << 20  # bytes/s, as the node-sharing benchmark
+KEEP_WARM_S = 120.0  # long enough for the warm job to start within it
+
+
+def _spec(model_uri: str, engines: int, num_cpus: int, cache_uri: str) -> dict[str, Any]:
+    return {
+        "model": model_uri,
+        "prompts": list(PROMPTS),
+        "load_format": "runai_streamer",
+        "max_tokens": MAX_TOKENS,
+        "num_cpus": num_cpus,
+        "sampling": SAMPLING,
+        "engine_kwargs": {"enforce_eager": False},  # vLLM's default: compile
+        "config": {
+            "concurrency": [engines, engines],  # a fixed pool: every engine starts
+            "weight_sharing": "node",
+            "keep_warm_s": KEEP_WARM_S,
+            "compile_cache_uri": cache_uri,
+        },
+    }
+
+
+def _wait_until_no_region(timeout: float = KEEP_WARM_S + 60) -> None:
+    """The kept weights gone (the reaper removes them after ``keep_warm_s``)."""
+    from ray_stream_llm.integrations.node_weights import DEFAULT_BASE
+
+    deadline = time.monotonic() + timeout
+    while any(p.is_file() for p in Path(DEFAULT_BASE).rglob("*")):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the kept weights under {DEFAULT_BASE} outlived keep_warm_s")
+        time.sleep(2.0)
+
+
+def warm_starts(
+    model_uri: str,
+    store_env: dict[str, str],
+    store_port: int,
+    workdir: Path,
+    *,
+    cache_bucket: str = "bench",
+    rate: float = DEFAULT_RATE,
+    engines: Sequence[int] = ENGINES,
+    num_cpus: int = 4,
+    progress: Callable[[str], None] = print,
+) -> dict[str, dict[str, Any]]:
+    """Per engine count, the three jobs; ``"<scenario>.<n>"`` -> its figures."""
+    results: dict[str, dict[str, Any]] = {}
+    for n in engines:
+        cache_uri = f"s3://{cache_bucket}/compile-cache/{uuid.uuid4().hex[:8]}/"
+        spec = _spec(model_uri, n, max(num_cpus, 2 * n), cache_uri)
+        env = {**store_env, "RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S": "900"}
+        _wait_until_no_region()  # a cold node: no weights kept by an earlier job
+        for scenario in SCENARIOS:
+            if scenario == "fresh":
+                _wait_until_no_region()
+            progress(f"  warm starts: {scenario}, {n} engine(s) ...")
+            home = workdir / f"warm-{n}-{'fresh' if scenario == 'fresh' else 'node'}"
+            with Throttle(store_port, rate) as link:
+                link_env = {
+                    **env,
+                    "AWS_ENDPOINT_URL": link.endpoint_url,
+                    "AWS_ENDPOINT_URL_S3": link.endpoint_url,
+                }
+                out = run_isolated_job(home, spec, link_env)
+                carried = link.bytes_down
+            results[f"{scenario}.{n}"] = figures(out, carried)
+    return results
+
+
+def figures(out: dict[str, Any], link_bytes: float) -> dict[str, Any]:
+    """One job's figures from its output (``bench_job``) and the bytes its link carried."""
+    reports = out["load_reports"]
+    compile_seconds = [r.get("compile_seconds") for r in reports]
+    return {
+        "slowest_ready_seconds": max(r["ready_seconds"] for r in reports),
+        "ready_seconds": [r["ready_seconds"] for r in reports],
+        "slowest_compile_seconds": max(
+            (s for s in compile_seconds if s is not None), default=math.nan
+        ),
+        "compile_seconds": compile_seconds,
+        "compile_cache": [r.get("compile_cache") for r in reports],
+        # everything the store sent: weights, metadata, listings, compile artifacts (the
+        # load reports' pull bytes describe the kept copy's original pull, not this job)
+        "store_bytes": float(link_bytes),
+        "first_row_seconds": out["first_row_seconds"],
+        "engines": len(reports),
+        "rows": out["rows"],
+    }
+
+
+def ratios(series: dict[str, float]) -> dict[str, float]:
+    """The targets' figures, from the medians: each scenario's slowest engine ready over the
+    cold job's, per engine count; two engines together over one alone (cold)."""
+    out = {}
+    for n in ENGINES:
+        cold = series.get(f"warm.cold.{n}.slowest_ready_seconds")
+        for scenario in ("warm", "fresh"):
+            other = series.get(f"warm.{scenario}.{n}.slowest_ready_seconds")
+            if cold and other:
+                out[f"warm.{n}.{scenario}_over_cold_ready"] = other / cold
+    one, two = (series.get(f"warm.cold.{n}.slowest_ready_seconds") for n in (1, 2))
+    if one and two:
+        out["warm.cold.2_engines_over_1_ready"] = two / one
+    return out
