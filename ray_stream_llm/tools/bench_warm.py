@@ -36,7 +36,13 @@ DEFAULT_RATE = 100 << 20  # bytes/s, as the node-sharing benchmark
 KEEP_WARM_S = 120.0  # long enough for the warm job to start within it
 
 
-def _spec(model_uri: str, engines: int, num_cpus: int, cache_uri: str) -> dict[str, Any]:
+def _spec(
+    model_uri: str,
+    engines: int,
+    num_cpus: int,
+    cache_uri: str,
+    engine_kwargs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     return {
         "model": model_uri,
         "prompts": list(PROMPTS),
@@ -44,7 +50,7 @@ def _spec(model_uri: str, engines: int, num_cpus: int, cache_uri: str) -> dict[s
         "max_tokens": MAX_TOKENS,
         "num_cpus": num_cpus,
         "sampling": SAMPLING,
-        "engine_kwargs": {"enforce_eager": False},  # vLLM's default: compile
+        "engine_kwargs": {"enforce_eager": False, **(engine_kwargs or {})},  # default: compile
         "config": {
             "concurrency": [engines, engines],  # a fixed pool: every engine starts
             "weight_sharing": "node",
@@ -68,20 +74,23 @@ def _wait_until_no_region(timeout: float = KEEP_WARM_S + 60) -> None:
 def warm_starts(
     model_uri: str,
     store_env: dict[str, str],
-    store_port: int,
+    store_port: int | None,
     workdir: Path,
     *,
-    cache_bucket: str = "bench",
+    cache_prefix: str = "s3://bench/compile-cache/",
     rate: float = DEFAULT_RATE,
     engines: Sequence[int] = ENGINES,
     num_cpus: int = 4,
+    engine_kwargs: dict[str, Any] | None = None,
     progress: Callable[[str], None] = print,
 ) -> dict[str, dict[str, Any]]:
-    """Per engine count, the three jobs; ``"<scenario>.<n>"`` -> its figures."""
+    """Per engine count, the three jobs; ``"<scenario>.<n>"`` -> its figures. Without
+    ``store_port`` (a real store) no link is capped and the store's bytes are not measured
+    (NaN)."""
     results: dict[str, dict[str, Any]] = {}
     for n in engines:
-        cache_uri = f"s3://{cache_bucket}/compile-cache/{uuid.uuid4().hex[:8]}/"
-        spec = _spec(model_uri, n, max(num_cpus, 2 * n), cache_uri)
+        cache_uri = f"{cache_prefix.rstrip('/')}/{uuid.uuid4().hex[:8]}/"
+        spec = _spec(model_uri, n, max(num_cpus, 2 * n), cache_uri, engine_kwargs)
         env = {**store_env, "RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S": "900"}
         _wait_until_no_region()  # a cold node: no weights kept by an earlier job
         for scenario in SCENARIOS:
@@ -89,14 +98,17 @@ def warm_starts(
                 _wait_until_no_region()
             progress(f"  warm starts: {scenario}, {n} engine(s) ...")
             home = workdir / f"warm-{n}-{'fresh' if scenario == 'fresh' else 'node'}"
-            with Throttle(store_port, rate) as link:
-                link_env = {
-                    **env,
-                    "AWS_ENDPOINT_URL": link.endpoint_url,
-                    "AWS_ENDPOINT_URL_S3": link.endpoint_url,
-                }
-                out = run_isolated_job(home, spec, link_env)
-                carried = link.bytes_down
+            if store_port is None:
+                out, carried = run_isolated_job(home, spec, env), math.nan
+            else:
+                with Throttle(store_port, rate) as link:
+                    link_env = {
+                        **env,
+                        "AWS_ENDPOINT_URL": link.endpoint_url,
+                        "AWS_ENDPOINT_URL_S3": link.endpoint_url,
+                    }
+                    out = run_isolated_job(home, spec, link_env)
+                    carried = link.bytes_down
             results[f"{scenario}.{n}"] = figures(out, carried)
     return results
 
