@@ -22,10 +22,15 @@ from ray_stream_llm.errors import (
     StoreUnreachableError,
 )
 from ray_stream_llm.redact import redact
-from ray_stream_llm.stores.azure_connection import AZURE_BLOB_SUFFIX
+from ray_stream_llm.stores.azure_connection import (
+    AZURE_BLOB_SUFFIX,
+    azure_connection_parts,
+    azure_reader_env,
+)
 from ray_stream_llm.stores.base import (
     Client,
     ObjectInfo,
+    Put,
     StoreDeadline,
     changed,
     timed_out,
@@ -196,3 +201,47 @@ def read(
         raise changed(uri, path, etag) from None
     except AzureError as exc:
         raise translate(exc, uri, client, f"reading {path!r} of") from None
+
+
+# --- this backend's settings (ObjectStoreConfig's Azure fields) --------------------------------
+def check_settings(store: ObjectStoreConfig) -> None:
+    """A connection string or an account key; the account it names agrees; its endpoint has
+    the one form the streamer's reader requests, or a suffix says where that is."""
+    if store.azure_connection_string is not None and store.azure_account_key is not None:
+        raise ValueError("give either azure_connection_string or azure_account_key, not both")
+    if store.azure_connection_string is None:
+        return
+    parts = azure_connection_parts(store.azure_connection_string.get_secret_value())
+    named = parts.get("AccountName")
+    if store.azure_account_name and named and named != store.azure_account_name:
+        raise ValueError(
+            f"azure_account_name is {store.azure_account_name!r} but the connection "
+            f"string names account {named!r}: give one"
+        )
+    reader = azure_reader_env(store.azure_connection_string.get_secret_value())
+    if "AZURE_STORAGE_ENDPOINT_SUFFIX" not in reader and not store.azure_endpoint_suffix:
+        raise ValueError(
+            "the connection string's BlobEndpoint "
+            f"{redact(parts['BlobEndpoint'])!r} is not "
+            "https://<AccountName>.<suffix>, the only form the streamer's Azure reader "
+            "requests (it ignores connection strings); set azure_endpoint_suffix to where "
+            "https://<AccountName>.<suffix> reaches the same service (Azurite: start it "
+            "with --cert/--key and give 'localhost:<port>')"
+        )
+
+
+def derive_env(store: ObjectStoreConfig, put: Put) -> None:
+    """azure-storage-blob's (the listing here) and the streamer's Azure reader's variables
+    (it reads no connection string: its parts are given one by one)."""
+    put("AZURE_STORAGE_ACCOUNT_NAME", store.azure_account_name)
+    put("AZURE_STORAGE_ACCOUNT_KEY", store.azure_account_key, is_secret=True)
+    put("AZURE_STORAGE_CONNECTION_STRING", store.azure_connection_string, is_secret=True)
+    if store.azure_connection_string is not None:
+        reader = azure_reader_env(store.azure_connection_string.get_secret_value())
+        for name, value in reader.items():
+            put(
+                name,
+                value,
+                is_secret=name in ("AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN"),
+            )
+    put("AZURE_STORAGE_ENDPOINT_SUFFIX", store.azure_endpoint_suffix)

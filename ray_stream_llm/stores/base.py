@@ -120,8 +120,28 @@ class Backend(Protocol):
         """An object of the model directory, or its bytes ``start`` to ``end`` inclusive;
         with ``etag`` only from that version (ObjectChangedError naming it otherwise)."""
 
+    def check_settings(self, store: ObjectStoreConfig) -> None:
+        """Raise ValueError (pydantic reports it) for a contradiction among this backend's
+        fields of ``store``; called when an ObjectStoreConfig is made."""
 
-BACKEND_FUNCTIONS = ("make_client", "endpoint_of", "list_objects", "download", "read")
+    def derive_env(self, store: ObjectStoreConfig, put: Put) -> None:
+        """``put(name, value, is_secret=...)`` each variable this backend's consumers (its
+        client here, the streamer's reader, Ray's downloader) read, from ``store``."""
+
+
+class Put(Protocol):
+    def __call__(self, name: str, value: Any, *, is_secret: bool = False) -> None: ...
+
+
+BACKEND_FUNCTIONS = (
+    "make_client",
+    "endpoint_of",
+    "list_objects",
+    "download",
+    "read",
+    "check_settings",
+    "derive_env",
+)
 
 
 def timed_out(where: str, seconds: float | None = None) -> StoreTimeoutError:

@@ -25,6 +25,7 @@ from ray_stream_llm.redact import redact
 from ray_stream_llm.stores.base import (
     Client,
     ObjectInfo,
+    Put,
     StoreDeadline,
     changed,
     timed_out,
@@ -208,3 +209,25 @@ def read(
     except _errors() as exc:
         raise translate(exc, uri, client, f"reading {path!r} of") from None
     return data
+
+
+# --- this backend's settings (ObjectStoreConfig's GCS fields) ----------------------------------
+def check_settings(store: ObjectStoreConfig) -> None:
+    """A credentials file goes with neither unsigned requests nor an emulator."""
+    if store.gcs_credentials_file and (store.anonymous or store.gcs_emulator_endpoint):
+        raise ValueError(
+            "gcs_credentials_file cannot go with anonymous=True or gcs_emulator_endpoint "
+            "(requests to an emulator carry no credentials): remove one"
+        )
+
+
+def derive_env(store: ObjectStoreConfig, put: Put) -> None:
+    """google-cloud-storage's (the listing here) and the streamer's GCS reader's variables."""
+    if store.anonymous:
+        put("RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS", "1")
+    put("RUNAI_STREAMER_GCS_CREDENTIAL_FILE", store.gcs_credentials_file)
+    put("GOOGLE_APPLICATION_CREDENTIALS", store.gcs_credentials_file)
+    if store.gcs_emulator_endpoint:
+        put("STORAGE_EMULATOR_HOST", store.gcs_emulator_endpoint)  # google-cloud-storage
+        put("CLOUD_STORAGE_EMULATOR_ENDPOINT", store.gcs_emulator_endpoint)  # google-cloud-cpp
+        put("RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS", "1")  # the streamer's listing

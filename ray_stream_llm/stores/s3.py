@@ -23,6 +23,7 @@ from ray_stream_llm.redact import redact
 from ray_stream_llm.stores.base import (
     Client,
     ObjectInfo,
+    Put,
     StoreDeadline,
     changed,
     timed_out,
@@ -231,3 +232,43 @@ def read(
 
 def _code(exc: Any) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+# --- this backend's settings (ObjectStoreConfig's S3 fields) -----------------------------------
+def check_settings(store: ObjectStoreConfig) -> None:
+    """The S3 credentials: a key pair whole, a session token with it, a profile or keys,
+    unsigned requests with neither."""
+    explicit = store.aws_access_key_id is not None or store.aws_secret_access_key is not None
+    if (store.aws_access_key_id is None) != (store.aws_secret_access_key is None):
+        raise ValueError("give both aws_access_key_id and aws_secret_access_key, or neither")
+    if store.aws_session_token is not None and not explicit:
+        raise ValueError("aws_session_token needs aws_access_key_id and aws_secret_access_key")
+    if store.profile_name is not None and explicit:
+        raise ValueError(
+            f"give either profile_name ({store.profile_name!r}) or explicit keys, not both"
+        )
+    if store.anonymous and (explicit or store.profile_name):
+        raise ValueError("anonymous=True sends unsigned requests: remove the credentials")
+
+
+def derive_env(store: ObjectStoreConfig, put: Put) -> None:
+    """boto3's chain (here and Ray's downloader), Ray's pyarrow path
+    (``AWS_ENDPOINT_URL_S3``, ``AWS_S3_ADDRESSING_STYLE``) and the streamer's S3 reader."""
+    if store.endpoint_url:
+        put("AWS_ENDPOINT_URL", store.endpoint_url)  # boto3 >= 1.28 and the streamer
+        put("AWS_ENDPOINT_URL_S3", store.endpoint_url)  # Ray's pyarrow path
+        put("AWS_EC2_METADATA_DISABLED", "true")  # no IMDS probe against a custom store
+    style = store.resolved_addressing_style()
+    if style:
+        put("RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING", "1" if style == "virtual" else "0")
+        put("AWS_S3_ADDRESSING_STYLE", style)
+    if store.region_name:
+        put("AWS_REGION", store.region_name)
+        put("AWS_DEFAULT_REGION", store.region_name)
+    put("AWS_CA_BUNDLE", store.ca_bundle)
+    put("AWS_ACCESS_KEY_ID", store.aws_access_key_id)
+    put("AWS_SECRET_ACCESS_KEY", store.aws_secret_access_key, is_secret=True)
+    put("AWS_SESSION_TOKEN", store.aws_session_token, is_secret=True)
+    put("AWS_PROFILE", store.profile_name)
+    if store.anonymous:
+        put("RUNAI_STREAMER_S3_UNSIGNED", "1")

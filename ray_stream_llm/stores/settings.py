@@ -29,7 +29,6 @@ from pydantic import (
 )
 
 from ray_stream_llm.redact import redact
-from ray_stream_llm.stores.azure_connection import azure_connection_parts, azure_reader_env
 from ray_stream_llm.stores.base import DEFAULT_TIMEOUT_S, TIMEOUT_ENV
 
 MIN_OBJECT_STORE_CHUNK = 5 * 1024 * 1024  # the streamer's minimum chunk for object stores
@@ -169,43 +168,10 @@ class ObjectStoreConfig(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _check_credentials(self) -> ObjectStoreConfig:
-        explicit = self.aws_access_key_id is not None or self.aws_secret_access_key is not None
-        if (self.aws_access_key_id is None) != (self.aws_secret_access_key is None):
-            raise ValueError("give both aws_access_key_id and aws_secret_access_key, or neither")
-        if self.aws_session_token is not None and not explicit:
-            raise ValueError("aws_session_token needs aws_access_key_id and aws_secret_access_key")
-        if self.profile_name is not None and explicit:
-            raise ValueError(
-                f"give either profile_name ({self.profile_name!r}) or explicit keys, not both"
-            )
-        if self.anonymous and (explicit or self.profile_name):
-            raise ValueError("anonymous=True sends unsigned requests: remove the credentials")
-        if self.gcs_credentials_file and (self.anonymous or self.gcs_emulator_endpoint):
-            raise ValueError(
-                "gcs_credentials_file cannot go with anonymous=True or gcs_emulator_endpoint "
-                "(requests to an emulator carry no credentials): remove one"
-            )
-        if self.azure_connection_string is not None and self.azure_account_key is not None:
-            raise ValueError("give either azure_connection_string or azure_account_key, not both")
-        if self.azure_connection_string is not None:
-            parts = azure_connection_parts(self.azure_connection_string.get_secret_value())
-            named = parts.get("AccountName")
-            if self.azure_account_name and named and named != self.azure_account_name:
-                raise ValueError(
-                    f"azure_account_name is {self.azure_account_name!r} but the connection "
-                    f"string names account {named!r}: give one"
-                )
-            reader = azure_reader_env(self.azure_connection_string.get_secret_value())
-            if "AZURE_STORAGE_ENDPOINT_SUFFIX" not in reader and not self.azure_endpoint_suffix:
-                raise ValueError(
-                    "the connection string's BlobEndpoint "
-                    f"{redact(parts['BlobEndpoint'])!r} is not "
-                    "https://<AccountName>.<suffix>, the only form the streamer's Azure reader "
-                    "requests (it ignores connection strings); set azure_endpoint_suffix to where "
-                    "https://<AccountName>.<suffix> reaches the same service (Azurite: start it "
-                    "with --cert/--key and give 'localhost:<port>')"
-                )
+    def _check_backends(self) -> ObjectStoreConfig:
+        """Each store backend checks its own fields (``check_settings`` in its module)."""
+        for backend in _backends():
+            backend.check_settings(self)
         return self
 
     def resolved_addressing_style(self) -> str | None:
@@ -252,8 +218,19 @@ class StoreSettings:
         return f"StoreSettings(env={shown}, model_loader_extra_config={extra})"
 
 
+def _backends() -> list[Any]:
+    """Every registered backend module (``stores.base.BACKENDS``), imported: they import
+    no client library at module level."""
+    import importlib
+
+    from ray_stream_llm.stores.base import BACKENDS
+
+    return [importlib.import_module(spec.module) for spec in BACKENDS.values()]
+
+
 def derive_settings(store: ObjectStoreConfig | None) -> StoreSettings:
-    """The variables every consumer reads, derived once from ``store``.
+    """The variables every consumer reads, derived once from ``store``: each backend's
+    (``derive_env`` in its module), then the streamer's tuning and the store budget.
 
     With ``None`` nothing is set: the standard environment applies.
     """
@@ -268,43 +245,8 @@ def derive_settings(store: ObjectStoreConfig | None) -> StoreSettings:
         if is_secret:
             secret.add(name)
 
-    if store.endpoint_url:
-        put("AWS_ENDPOINT_URL", store.endpoint_url)  # boto3 >= 1.28 and the streamer
-        put("AWS_ENDPOINT_URL_S3", store.endpoint_url)  # Ray's pyarrow path
-        put("AWS_EC2_METADATA_DISABLED", "true")  # no IMDS probe against a custom store
-    style = store.resolved_addressing_style()
-    if style:
-        put("RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING", "1" if style == "virtual" else "0")
-        put("AWS_S3_ADDRESSING_STYLE", style)
-    if store.region_name:
-        put("AWS_REGION", store.region_name)
-        put("AWS_DEFAULT_REGION", store.region_name)
-    put("AWS_CA_BUNDLE", store.ca_bundle)
-    put("AWS_ACCESS_KEY_ID", store.aws_access_key_id)
-    put("AWS_SECRET_ACCESS_KEY", store.aws_secret_access_key, is_secret=True)
-    put("AWS_SESSION_TOKEN", store.aws_session_token, is_secret=True)
-    put("AWS_PROFILE", store.profile_name)
-    if store.anonymous:
-        put("RUNAI_STREAMER_S3_UNSIGNED", "1")
-        put("RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS", "1")
-    put("RUNAI_STREAMER_GCS_CREDENTIAL_FILE", store.gcs_credentials_file)
-    put("GOOGLE_APPLICATION_CREDENTIALS", store.gcs_credentials_file)
-    if store.gcs_emulator_endpoint:
-        put("STORAGE_EMULATOR_HOST", store.gcs_emulator_endpoint)  # google-cloud-storage
-        put("CLOUD_STORAGE_EMULATOR_ENDPOINT", store.gcs_emulator_endpoint)  # google-cloud-cpp
-        put("RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS", "1")  # the streamer's listing
-    put("AZURE_STORAGE_ACCOUNT_NAME", store.azure_account_name)
-    put("AZURE_STORAGE_ACCOUNT_KEY", store.azure_account_key, is_secret=True)
-    put("AZURE_STORAGE_CONNECTION_STRING", store.azure_connection_string, is_secret=True)
-    if store.azure_connection_string is not None:
-        reader = azure_reader_env(store.azure_connection_string.get_secret_value())
-        for name, value in reader.items():
-            put(
-                name,
-                value,
-                is_secret=name in ("AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN"),
-            )
-    put("AZURE_STORAGE_ENDPOINT_SUFFIX", store.azure_endpoint_suffix)
+    for backend in _backends():  # each backend's own variables
+        backend.derive_env(store, put)
     put("RUNAI_STREAMER_CONCURRENCY", store.streamer_concurrency)
     put("RUNAI_STREAMER_MEMORY_LIMIT", store.streamer_memory_limit)
     put("RUNAI_STREAMER_CHUNK_BYTESIZE", store.streamer_chunk_bytesize)
