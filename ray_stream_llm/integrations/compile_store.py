@@ -102,11 +102,8 @@ class _Prefix:
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def fetch(uri: str, key: str, root: Path, store: ObjectStoreConfig | None) -> list[str]:

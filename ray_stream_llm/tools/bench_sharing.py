@@ -76,12 +76,7 @@ def node_sharing(
                 served = _reported_bytes(out["load_reports"])
             else:
                 with Throttle(store_port, rate) as link:
-                    env = {
-                        **store_env,
-                        "AWS_ENDPOINT_URL": link.endpoint_url,
-                        "AWS_ENDPOINT_URL_S3": link.endpoint_url,
-                    }
-                    out = run_isolated_job(work, spec, env)
+                    out = run_isolated_job(work, spec, link.store_env(store_env))
                     served = link.bytes_down
             reports = out["load_reports"]
             weights = [r["stream_seconds"] for r in reports if r.get("stream_seconds") is not None]

@@ -102,12 +102,7 @@ def warm_starts(
                 out, carried = run_isolated_job(home, spec, env), math.nan
             else:
                 with Throttle(store_port, rate) as link:
-                    link_env = {
-                        **env,
-                        "AWS_ENDPOINT_URL": link.endpoint_url,
-                        "AWS_ENDPOINT_URL_S3": link.endpoint_url,
-                    }
-                    out = run_isolated_job(home, spec, link_env)
+                    out = run_isolated_job(home, spec, link.store_env(env))
                     carried = link.bytes_down
             results[f"{scenario}.{n}"] = figures(out, carried)
     return results

@@ -29,6 +29,15 @@ class Throttle:
         self._conns: list[socket.socket] = []
         self._thread = threading.Thread(target=self._accept, daemon=True, name="throttle")
 
+    def store_env(self, env: dict[str, str]) -> dict[str, str]:
+        """``env`` with the S3 endpoint variables (boto3 and the streamer; Ray's pyarrow
+        path) pointed through this link."""
+        return {
+            **env,
+            "AWS_ENDPOINT_URL": self.endpoint_url,
+            "AWS_ENDPOINT_URL_S3": self.endpoint_url,
+        }
+
     @property
     def endpoint_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
