@@ -308,7 +308,8 @@ def compile_once() -> bool:
             return loaded  # a hit, or a damaged artifact vLLM compiles over (it logged why)
         try:
             return claim_or_wait(aot_compilation_path, lambda: loader(model, aot_compilation_path))
-        except OSError:  # no lock to be had: compile, as vLLM would
+        except Exception:  # no lock to be had (an unwritable cache...): compile, as vLLM would
+            logging.getLogger(__name__).debug("no compile lock", exc_info=True)
             return None
 
     @contextlib.contextmanager
