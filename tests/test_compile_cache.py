@@ -368,7 +368,8 @@ def _files(root: Path) -> dict[str, bytes]:
 def test_an_artifact_shipped_is_fetched_whole_and_never_replaced(s3_env, s3_server, tmp_path):
     from ray_stream_llm.integrations import compile_store
 
-    uri = f"s3://models/compile-cache-unit/{uuid.uuid4().hex[:8]}/"
+    s3_server.create_bucket("compile-cache")
+    uri = f"s3://compile-cache/unit-{uuid.uuid4().hex[:8]}/"
     made = _artifact(tmp_path / "node-a", "0a1b2c")
     assert compile_store.ship(uri, "k1", made, None)
     assert not compile_store.ship(uri, "k1", made, None)  # a complete one is never replaced
@@ -388,7 +389,8 @@ def test_an_artifact_shipped_is_fetched_whole_and_never_replaced(s3_env, s3_serv
 def test_a_damaged_artifact_is_named_and_not_used(s3_env, s3_server, tmp_path, caplog):
     from ray_stream_llm.integrations import compile_store
 
-    uri = f"s3://models/compile-cache-unit/{uuid.uuid4().hex[:8]}/"
+    s3_server.create_bucket("compile-cache")
+    uri = f"s3://compile-cache/unit-{uuid.uuid4().hex[:8]}/"
     assert compile_store.ship(uri, "k", _artifact(tmp_path / "a", "deadbeef"), None)
     s3_server.put(f"{uri}k/deadbeef.tar", b"not the tar its marker describes")
     with caplog.at_level("WARNING"):
