@@ -237,14 +237,14 @@ def _try_lock(path: str) -> int | None:
     return fd
 
 
-def _release(artifact: str | None = None) -> None:
+def _release() -> None:
+    """Drop every compile lock this process holds."""
     import fcntl
 
-    for path in [artifact] if artifact else list(_held):
-        fd = _held.pop(path, None) if path else None
-        if fd is not None:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+    while _held:
+        _, fd = _held.popitem()
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def claim_or_wait(artifact: str, load: Any, wait_s: float | None = None) -> Any:
