@@ -268,8 +268,6 @@ class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
         self.check_streaming_source()
         if self.weight_sharing_dir is not None:
             self.weight_sharing_dir = resolve_sharing_dir(self.weight_sharing_dir)
-        if self.compile_cache_uri is not None:
-            check_compile_cache_uri(self.compile_cache_uri)
 
     def check_streaming_source(self) -> None:
         """Raise a typed error for a misspelled streaming format, a malformed URI, streamer
