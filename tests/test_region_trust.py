@@ -284,6 +284,40 @@ def test_the_janitor_removes_only_segments_the_engines_processes_mapped(tmp_path
             Path(f"/dev/shm/{name}").unlink(missing_ok=True)
 
 
+def test_the_janitor_waits_for_workers_that_outlive_the_engine(tmp_path):
+    """vLLM's workers can outlive the actor by seconds on a loaded node (CI saw two
+    segments left that way): the janitor waits for every process of the engine's tree, then
+    removes what they mapped."""
+    name = f"psm_rsl{uuid.uuid4().hex[:8]}late"
+    worker = _MAPPER.format(name=name).replace("time.sleep(600)", "time.sleep(7)")
+    code = textwrap.dedent(f"""
+        import subprocess, sys, time
+        kid = subprocess.Popen([sys.executable, "-c", {worker!r}], stdout=subprocess.PIPE,
+                               text=True)
+        print(kid.stdout.readline().strip(), kid.pid, flush=True)
+        time.sleep(600)
+    """)
+    engine = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    watcher = threading.Thread(target=shm._watch, args=(engine.pid, time.time() - 1, [], 0.05))
+    try:
+        word, kid = engine.stdout.readline().split()
+        assert word == "mapped"
+        watcher.start()
+        _wait_until(lambda: name in shm.segments_of(engine.pid))
+        time.sleep(0.2)  # the janitor polls
+        engine.send_signal(signal.SIGKILL)  # the actor dies; its worker lives on, mapping it
+        engine.wait()
+        time.sleep(1)
+        assert Path(f"/dev/shm/{name}").exists() and watcher.is_alive()  # still mapped: kept
+        watcher.join(timeout=30)
+        assert not watcher.is_alive()
+        assert not psutil.pid_exists(int(kid)) or psutil.Process(int(kid)).status() == "zombie"
+        assert not Path(f"/dev/shm/{name}").exists()  # removed once the worker exited
+    finally:
+        engine.kill()
+        Path(f"/dev/shm/{name}").unlink(missing_ok=True)
+
+
 def test_segments_of_sees_a_process_and_its_children():
     name = f"psm_rsl{uuid.uuid4().hex[:8]}kid"
     kid = _MAPPER.format(name=name)

@@ -4,7 +4,7 @@ real SeaweedFS server, vLLM's CPU build and the Run:ai streamer.
 The writer runs as a user would run the command: in a subprocess with its own HOME and
 TMPDIR (:mod:`ray_stream_llm.tools.isolated`), so that every file it put on a disk-backed
 path can be found. The store's side comes from its access log (which objects, in which
-order) and, for bytes, from :class:`~ray_stream_llm.commands.shard_proxy.ByteProxy` (the
+order) and, for bytes, from :class:`~ray_stream_llm.tools.shard_proxy.ByteProxy` (the
 response bytes of each GET).
 """
 
@@ -435,7 +435,7 @@ def test_tp2_jobs_side_by_side_each_rank_reads_its_own_files(s3_server, written,
     objects from the server's access log, ranks from the load reports."""
     from helpers.s3log import log_barrier
 
-    from ray_stream_llm.commands.shard_bench import side_by_side, summary
+    from ray_stream_llm.tools.shard_bench import side_by_side, summary
 
     model = written["model"]
     source_prefix = model.uri[len(f"s3://{BUCKET}/") :]
@@ -599,7 +599,7 @@ def test_smollm2_at_tp3_side_by_side(s3_server, smollm2, work, s3_env):
     possible on any device; TP=3 is the closest): sharded by the command, then the same
     TP=3 job with both formats. The store serves 3.0x the model to runai_streamer and
     1.0x to runai_streamer_sharded, each rank its own file once; the answers agree."""
-    from ray_stream_llm.commands.shard_bench import side_by_side, summary
+    from ray_stream_llm.tools.shard_bench import side_by_side, summary
 
     output = f"s3://{BUCKET}/smollm2-tp3-{uuid.uuid4().hex[:8]}/"
     result, _, _ = _run_shard(

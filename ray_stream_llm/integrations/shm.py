@@ -150,12 +150,55 @@ def spawn_janitor(pid: int, since: float, *dirs: str) -> None:
     detach([*argv, *dirs])
 
 
-def _watch(pid: int, since: float, dirs: list[str], poll: float = 0.5) -> None:
+def _tree(pid: int) -> dict[int, float]:
+    """``pid`` and its descendants now, each with its start time (a reused pid is another
+    process)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return {}
+    found: dict[int, float] = {}
+    for proc in procs:
+        try:
+            found[proc.pid] = proc.create_time()
+        except psutil.Error:
+            continue
+    return found
+
+
+def _alive(members: dict[int, float]) -> bool:
+    import psutil
+
+    for pid, started in members.items():
+        try:
+            proc = psutil.Process(pid)
+            if proc.create_time() == started and proc.status() != psutil.STATUS_ZOMBIE:
+                return True  # a zombie maps nothing: its parent has only not reaped it
+        except psutil.Error:
+            continue
+    return False
+
+
+def _watch(
+    pid: int, since: float, dirs: list[str], poll: float = 0.5, linger: float = 600.0
+) -> None:
+    """Watch ``pid`` and its descendants; once the actor has exited, wait (up to ``linger``
+    s) for every process of its tree to exit too (vLLM's workers can outlive the actor by
+    seconds on a loaded node, and a segment they map is not an orphan yet), then remove the
+    segments they mapped that no process maps any more."""
     import shutil
 
     seen: set[str] = set()
+    members: dict[int, float] = {}
     while Path(f"/proc/{pid}").exists():
         seen |= segments_of(pid)
+        members |= _tree(pid)
+        time.sleep(poll)
+    deadline = time.monotonic() + linger
+    while _alive(members) and time.monotonic() < deadline:
         time.sleep(poll)
     if seen:
         remove_orphaned_segments(since, wait=5.0, only=seen)
