@@ -21,8 +21,13 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field
 from ray.data.llm import vLLMEngineProcessorConfig
 
-from ray_stream_llm.errors import InvalidSettingError, UnsupportedLoadFormatError
+from ray_stream_llm.errors import (
+    InvalidModelURIError,
+    InvalidSettingError,
+    UnsupportedLoadFormatError,
+)
 from ray_stream_llm.patterns import shard_file_regex
+from ray_stream_llm.stores.base import BACKENDS
 from ray_stream_llm.stores.settings import ObjectStoreConfig
 from ray_stream_llm.uri import looks_like_uri, parse_model_uri
 
@@ -154,15 +159,19 @@ def resolve_sharing_dir(value: Any) -> str:
 
 
 def check_compile_cache_uri(value: str) -> str:
-    """``compile_cache_uri``, checked on the driver: an ``s3://`` prefix (the compile cache
-    is written to S3 and S3-compatible stores only)."""
-    if not (looks_like_uri(value) and value.startswith("s3://")):
+    """``compile_cache_uri``, checked on the driver: a prefix in a store this library reads
+    and writes (``s3://``, ``gs://``, ``az://``)."""
+    schemes = tuple(f"{scheme}://" for scheme in BACKENDS)
+    if not (looks_like_uri(value) and value.startswith(schemes)):
         raise InvalidSettingError(
-            f"compile_cache_uri is {value!r}: give an s3:// prefix (for example "
-            "'s3://bucket/vllm-compile-cache/'), reached with the job's store settings; the "
-            "compile cache is written to S3 and S3-compatible stores only"
+            f"compile_cache_uri is {value!r}: give a prefix in an object store, one of "
+            f"{', '.join(schemes)} (for example 's3://bucket/vllm-compile-cache/'), reached "
+            "with the job's store settings"
         )
-    parse_model_uri(value)  # a malformed one is a typed error naming it
+    try:
+        parse_model_uri(value)
+    except InvalidModelURIError as exc:
+        raise InvalidSettingError(f"compile_cache_uri is {value!r}: {exc}") from None
     return value
 
 
@@ -236,8 +245,8 @@ class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
     )
     compile_cache_uri: str | None = Field(
         default=None,
-        description="Streamed load formats: an s3:// prefix (reached with the job's store "
-        "settings) through which engines share vLLM's compiled code across nodes: before "
+        description="Streamed load formats: an s3://, gs:// or az:// prefix (reached with the "
+        "job's store settings) through which engines share vLLM's compiled code across nodes: before "
         "vLLM starts, an engine fetches the artifacts other nodes compiled for this model, "
         "vLLM and torch version and device; an engine that compiled uploads its artifact "
         "(written whole, marker last; an artifact already there is never replaced). A "

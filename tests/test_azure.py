@@ -174,3 +174,22 @@ def test_closed_port_is_unreachable_within_seconds(azurite, no_store_env):
     # a refused connection is reported at once, not after the store's budget (30 s) runs
     # out: the typed error above is not a timeout, and it came before the budget
     assert time.monotonic() - start < ObjectStoreConfig().timeout_s
+
+
+# --- the compile cache's store half (tests/helpers/compile_store.py), through this backend ---
+def test_a_compile_artifact_shipped_to_az_is_fetched_whole_and_never_replaced(
+    azurite, az_models, no_store_env, tmp_path
+):
+    from helpers import compile_store
+
+    uri = compile_store.unique(f"az://{CONTAINER}/compile-cache/")
+    compile_store.shipped_is_fetched_whole_and_never_replaced(uri, _store(azurite), tmp_path)
+
+
+def test_a_damaged_compile_artifact_on_az_is_named_and_not_used(
+    azurite, az_models, no_store_env, tmp_path, caplog
+):
+    from helpers import compile_store
+
+    uri = compile_store.unique(f"az://{CONTAINER}/compile-cache/")
+    compile_store.damaged_is_named_and_not_used(uri, _store(azurite), tmp_path, caplog)

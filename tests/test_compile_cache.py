@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers import compile_store
 from helpers.jobs import run_isolated
 
 from ray_stream_llm.integrations import compile_cache
@@ -347,57 +348,22 @@ def test_the_wait_for_another_engines_compile_is_bounded(tmp_path, monkeypatch):
         os.close(fd)
 
 
-# --- the store's half, against the real S3 server (no engine) ---------------------------------
-def _artifact(root: Path, digest: str) -> Path:
-    """A directory shaped like vLLM's torch_aot_compile/<hash>/."""
-    (root / digest / "rank_0_0").mkdir(parents=True)
-    (root / digest / "rank_0_0" / "model").write_bytes(os.urandom(3000))
-    (root / digest / "inductor_cache").mkdir()
-    (root / digest / "inductor_cache" / "graph.py").write_text("print('compiled')\n")
-    (root / digest / "rank_0_0" / "model.123.tmp").write_text("being written")
-    return root / digest
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-    }
-
-
+# --- the store's half, against the real S3 server (no engine; GCS and Azure: test_gcs.py,
+# test_azure.py) ----------------------------------------------------------------------------
 @pytest.mark.s3
 def test_an_artifact_shipped_is_fetched_whole_and_never_replaced(s3_env, s3_server, tmp_path):
-    from ray_stream_llm.integrations import compile_store
-
     s3_server.create_bucket("compile-cache")
-    uri = f"s3://compile-cache/unit-{uuid.uuid4().hex[:8]}/"
-    made = _artifact(tmp_path / "node-a", "0a1b2c")
-    assert compile_store.ship(uri, "k1", made, None)
-    assert not compile_store.ship(uri, "k1", made, None)  # a complete one is never replaced
-    fresh = tmp_path / "node-b"
-    assert compile_store.fetch(uri, "k1", fresh, None) == ["0a1b2c"]
-    expected = {k: v for k, v in _files(made).items() if not k.endswith(".tmp")}
-    assert _files(fresh / "0a1b2c") == expected  # whole, without the file being written
-    assert [p.name for p in fresh.iterdir()] == ["0a1b2c"]  # no staging left
-    # a directory the node has is never touched; another key holds nothing
-    (fresh / "0a1b2c" / "rank_0_0" / "model").write_bytes(b"vLLM's own")
-    assert compile_store.fetch(uri, "k1", fresh, None) == []
-    assert (fresh / "0a1b2c" / "rank_0_0" / "model").read_bytes() == b"vLLM's own"
-    assert compile_store.fetch(uri, "k2", tmp_path / "node-c", None) == []
+    compile_store.shipped_is_fetched_whole_and_never_replaced(
+        compile_store.unique("s3://compile-cache/"), None, tmp_path
+    )
 
 
 @pytest.mark.s3
 def test_a_damaged_artifact_is_named_and_not_used(s3_env, s3_server, tmp_path, caplog):
-    from ray_stream_llm.integrations import compile_store
-
     s3_server.create_bucket("compile-cache")
-    uri = f"s3://compile-cache/unit-{uuid.uuid4().hex[:8]}/"
-    assert compile_store.ship(uri, "k", _artifact(tmp_path / "a", "deadbeef"), None)
-    s3_server.put(f"{uri}k/deadbeef.tar", b"not the tar its marker describes")
-    with caplog.at_level("WARNING"):
-        assert compile_store.fetch(uri, "k", tmp_path / "b", None) == []
-    assert f"{uri}k/deadbeef.tar not used" in caplog.text and "vLLM compiles" in caplog.text
-    b = tmp_path / "b"
-    assert not b.exists() or list(b.iterdir()) == []  # nothing unpacked, no staging left
+    compile_store.damaged_is_named_and_not_used(
+        compile_store.unique("s3://compile-cache/"), None, tmp_path, caplog
+    )
 
 
 def test_compile_cache_uri_is_checked_on_the_driver():
@@ -407,6 +373,8 @@ def test_compile_cache_uri_is_checked_on_the_driver():
     kwargs = {"model_source": "s3://models/x/", "engine_kwargs": {"load_format": "runai_streamer"}}
     config = StreamingvLLMEngineProcessorConfig(**kwargs, compile_cache_uri="s3://bucket/cache/")
     assert config.compile_cache_uri == "s3://bucket/cache/"
-    for bad in ("gs://bucket/cache/", "/local/dir", "cache"):
+    for good in ("gs://bucket/cache/", "az://container/cache/"):
+        assert StreamingvLLMEngineProcessorConfig(**kwargs, compile_cache_uri=good)
+    for bad in ("/local/dir", "cache", "hf://org/model", "s3://"):
         with pytest.raises(InvalidSettingError, match="compile_cache_uri is"):
             StreamingvLLMEngineProcessorConfig(**kwargs, compile_cache_uri=bad)

@@ -164,3 +164,22 @@ def test_ray_data_job_streams_from_gs_with_settings_only_in_config(
     [report] = out["load_reports"]
     assert report["weight_bytes"] == sum(p.stat().st_size for p in shards)
     assert report["weight_files"] == len(shards)
+
+
+# --- the compile cache's store half (tests/helpers/compile_store.py), through this backend ---
+def test_a_compile_artifact_shipped_to_gs_is_fetched_whole_and_never_replaced(
+    gcs, gcs_models, no_store_env, tmp_path
+):
+    from helpers import compile_store
+
+    uri = compile_store.unique(f"gs://{BUCKET}/compile-cache/")
+    compile_store.shipped_is_fetched_whole_and_never_replaced(uri, _store(gcs), tmp_path)
+
+
+def test_a_damaged_compile_artifact_on_gs_is_named_and_not_used(
+    gcs, gcs_models, no_store_env, tmp_path, caplog
+):
+    from helpers import compile_store
+
+    uri = compile_store.unique(f"gs://{BUCKET}/compile-cache/")
+    compile_store.damaged_is_named_and_not_used(uri, _store(gcs), tmp_path, caplog)

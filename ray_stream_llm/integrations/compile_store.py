@@ -1,8 +1,8 @@
 """vLLM's compile cache shipped through the store (``compile_cache_uri``): an engine on a
 fresh node loads the code another node compiled instead of compiling again.
 
-Layout under ``compile_cache_uri`` (an ``s3://`` prefix, reached with the job's store
-settings)::
+Layout under ``compile_cache_uri`` (an ``s3://``, ``gs://`` or ``az://`` prefix, reached
+with the job's store settings, through the store backends' ``write``)::
 
     <key>/<hash>.tar    vLLM's artifact directory torch_aot_compile/<hash>/, as a tar
     <key>/<hash>.done   {"size", "sha256"} of the tar, written last
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_stream_llm.errors import RayStreamLLMError
-from ray_stream_llm.stores.base import StoreDeadline
+from ray_stream_llm.stores.base import Client, ObjectInfo, StoreDeadline
 from ray_stream_llm.stores.settings import ObjectStoreConfig
 from ray_stream_llm.uri import ModelURI, parse_model_uri
 
@@ -72,33 +72,44 @@ def aot_root() -> Path:
 
 
 class _Prefix:
-    """``<compile_cache_uri>/<key>/`` through the S3 backend's client."""
+    """``<compile_cache_uri>/<key>/`` through its scheme's store backend."""
 
     def __init__(self, uri: str, key: str, store: ObjectStoreConfig | None):
-        from ray_stream_llm.stores import s3
+        from ray_stream_llm import stores
 
         self.uri: ModelURI = parse_model_uri(uri.rstrip("/") + f"/{key}/")
         self.deadline = StoreDeadline(store.timeout_s if store is not None else None)
-        self.client: Any = s3.make_client(store, self.deadline)
+        self.backend = stores.backend(self.uri.scheme)
+        self.client: Client = self.backend.make_client(store, self.deadline)
+        self.listing: dict[str, ObjectInfo] = {}
 
     def names(self) -> dict[str, int]:
-        from ray_stream_llm.stores import s3
-
-        return {o.path: o.size for o in s3.list_objects(self.client, self.uri)}
+        objects = self.deadline.call(
+            f"listing {str(self.uri)!r}",
+            lambda: list(self.backend.list_objects(self.client, self.uri)),
+        )
+        self.listing = {o.path: o for o in objects}
+        return {o.path: o.size for o in objects}
 
     def get(self, name: str, dest: Path) -> None:
-        self.client.download_file(self.uri.bucket, self.uri.key(name), str(dest))
+        from ray_stream_llm import stores
+
+        stores.download(self.client, self.uri, self.listing[name], str(dest), self.deadline)
 
     def get_json(self, name: str) -> dict[str, Any]:
-        body = self.client.get_object(Bucket=self.uri.bucket, Key=self.uri.key(name))["Body"]
-        return dict(json.loads(body.read()))
+        from ray_stream_llm import stores
+
+        return dict(json.loads(stores.read(self.client, self.uri, name, self.deadline)))
 
     def put(self, local: Path, name: str) -> None:
-        self.client.upload_file(str(local), self.uri.bucket, self.uri.key(name))
+        where = f"writing {name!r} under {str(self.uri)!r}"
+        self.deadline.call(where, self.backend.write, self.client, self.uri, name, str(local))
 
     def put_json(self, name: str, value: dict[str, Any]) -> None:
-        body = json.dumps(value, sort_keys=True).encode()
-        self.client.put_object(Bucket=self.uri.bucket, Key=self.uri.key(name), Body=body)
+        with tempfile.TemporaryDirectory(prefix="rsl-compile-") as tmp:
+            local = Path(tmp) / name
+            local.write_text(json.dumps(value, sort_keys=True))
+            self.put(local, name)
 
 
 def _sha256(path: Path) -> str:

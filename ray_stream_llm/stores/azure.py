@@ -203,6 +203,18 @@ def read(
         raise translate(exc, uri, client, f"reading {path!r} of") from None
 
 
+def write(client: Client, uri: ModelURI, path: str, source: str) -> None:
+    """Upload the local file ``source`` as the blob ``path`` under ``uri`` (what this
+    library writes: the compile cache's artifacts)."""
+    from azure.core.exceptions import AzureError
+
+    try:
+        with open(source, "rb") as f:
+            client.get_blob_client(uri.bucket, uri.key(path)).upload_blob(f, overwrite=True)
+    except AzureError as exc:
+        raise translate(exc, uri, client, f"writing {path!r} under") from None
+
+
 # --- this backend's settings (ObjectStoreConfig's Azure fields) --------------------------------
 def check_settings(store: ObjectStoreConfig) -> None:
     """A connection string or an account key; the account it names agrees; its endpoint has

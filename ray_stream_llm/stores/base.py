@@ -120,6 +120,10 @@ class Backend(Protocol):
         """An object of the model directory, or its bytes ``start`` to ``end`` inclusive;
         with ``etag`` only from that version (ObjectChangedError naming it otherwise)."""
 
+    def write(self, client: Client, uri: ModelURI, path: str, source: str) -> None:
+        """Upload the local file ``source`` as the object ``path`` under ``uri`` (only what
+        this library writes: the compile cache's artifacts)."""
+
     def check_settings(self, store: ObjectStoreConfig) -> None:
         """Raise ValueError (pydantic reports it) for a contradiction among this backend's
         fields of ``store``; called when an ObjectStoreConfig is made."""
@@ -139,6 +143,7 @@ BACKEND_FUNCTIONS = (
     "list_objects",
     "download",
     "read",
+    "write",
     "check_settings",
     "derive_env",
 )

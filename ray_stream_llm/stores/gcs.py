@@ -211,6 +211,17 @@ def read(
     return data
 
 
+def write(client: Client, uri: ModelURI, path: str, source: str) -> None:
+    """Upload the local file ``source`` as the object ``path`` under ``uri`` (what this
+    library writes: the compile cache's artifacts)."""
+    try:
+        client.bucket(uri.bucket).blob(uri.key(path)).upload_from_filename(
+            source, retry=_retry(), timeout=_TIMEOUT
+        )
+    except _errors() as exc:
+        raise translate(exc, uri, client, f"writing {path!r} under") from None
+
+
 # --- this backend's settings (ObjectStoreConfig's GCS fields) ----------------------------------
 def check_settings(store: ObjectStoreConfig) -> None:
     """A credentials file goes with neither unsigned requests nor an emulator."""

@@ -230,6 +230,22 @@ def read(
     return data
 
 
+def write(client: Client, uri: ModelURI, path: str, source: str) -> None:
+    """Upload the local file ``source`` as the object ``path`` under ``uri`` (what this
+    library writes: the compile cache's artifacts)."""
+    from botocore import exceptions as bexc
+
+    try:
+        client.upload_file(source, uri.bucket, uri.key(path))
+    except (bexc.BotoCoreError, bexc.ClientError) as exc:
+        raise translate(exc, uri, client, f"writing {path!r} under") from None
+    except Exception as exc:  # boto3's transfer manager wraps the client's errors
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, (bexc.BotoCoreError, bexc.ClientError)):
+            raise translate(cause, uri, client, f"writing {path!r} under") from None
+        raise
+
+
 def _code(exc: Any) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
 
