@@ -1,5 +1,5 @@
 # ray-stream-llm: make demo | make test | make bench | make setup | make lint typecheck test-fast
-# make test = lint typecheck test-main (Ray 2.60, the whole suite) test-compat (Ray 2.48.0, 2.54.1)
+# make test = lint typecheck test-main (Ray 2.60, the whole suite) test-compat (Ray 2.48.0, 2.54.1; vLLM 0.32.0)
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
@@ -47,7 +47,9 @@ endif
 # torch and streamer as .venv, that Ray with the requirements of its llm extra.
 COMPAT_RAY := 2.48.0 2.54.1
 COMPAT := .venvs/ray-
-setup-compat: $(COMPAT_RAY:%=$(COMPAT)%/.setup-done)
+VLLM_NEXT := .venvs/vllm-0.32.0
+PURELIB := -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
+setup-compat: $(COMPAT_RAY:%=$(COMPAT)%/.setup-done) $(VLLM_NEXT)/.setup-done
 
 $(COMPAT)%/.setup-done: $(REQ)/compat/ray-%.txt $(REQ)/compat/test.txt $(REQ)/vllm-cpu-deps.txt $(REQ)/streamer.txt pyproject.toml
 	rm -rf $(COMPAT)$*
@@ -61,6 +63,18 @@ $(COMPAT)%/.setup-done: $(REQ)/compat/ray-%.txt $(REQ)/compat/test.txt $(REQ)/vl
 	if [ -f $(REQ)/compat/ray-$*-control.txt ]; then $(COMPAT)$*/bin/pip install -q --no-deps \
 	    --target $(COMPAT)$*/control -r $(REQ)/compat/ray-$*-control.txt; fi
 	$(COMPAT)$*/bin/python -c "import vllm, ray, torch, ray_stream_llm; print('stack:', 'vllm', vllm.__version__, 'ray', ray.__version__, 'torch', torch.__version__)"
+	touch $@
+
+# vLLM 0.32.0 (the next vLLM; docs/compatibility.md) over .venv: a venv whose .pth adds
+# .venv's site-packages after its own, holding only what 0.32 pins differently from 0.29.
+$(VLLM_NEXT)/.setup-done: $(STAMP) $(REQ)/compat/vllm-0.32.0.txt
+	rm -rf $(VLLM_NEXT)
+	$(PYTHON) -m venv $(VLLM_NEXT)
+	echo "import site; site.addsitedir('$$($(PY) $(PURELIB))')" \
+	    > "$$($(VLLM_NEXT)/bin/python $(PURELIB))/zz-base-venv.pth"
+	$(VLLM_NEXT)/bin/pip install -q --no-deps -r $(REQ)/compat/vllm-0.32.0.txt
+	ln -s $(abspath $(VENV))/bin/weed $(VLLM_NEXT)/bin/weed  # SeaweedFS, for the tests
+	$(VLLM_NEXT)/bin/python -c "import vllm, ray, torch, ray_stream_llm; print('stack:', 'vllm', vllm.__version__, 'ray', ray.__version__, 'torch', torch.__version__)"
 	touch $@
 
 demo: setup
@@ -84,11 +98,14 @@ test-slow: setup
 	$(PYTEST) -m slow
 
 # The contract tests in each older tested Ray's environment; on Ray 2.48.0 also the
-# reproduction of ray-project/ray#55574 (docs/compatibility.md).
+# reproduction of ray-project/ray#55574; on vLLM 0.32 (over Ray 2.60) also the compile
+# cache's vLLM touch points and one streamed SmolLM2 job (docs/compatibility.md).
 CONTRACT := tests/test_compat.py tests/test_pure.py tests/test_store.py tests/test_report.py tests/test_fetch.py
 test-compat: setup-compat
 	$(COMPAT)2.48.0/bin/python -m pytest $(CONTRACT) tests/test_issue_55574.py
 	$(COMPAT)2.54.1/bin/python -m pytest $(CONTRACT) -m "not compat"
+	$(VLLM_NEXT)/bin/python -m pytest $(CONTRACT) tests/test_compile_cache.py -m "not compat and not engine"
+	$(VLLM_NEXT)/bin/python -m pytest tests/test_e2e.py::test_streamed_smollm2_answers_with_no_weights_on_disk
 
 # The tests that start no server and no Ray (under a minute).
 test-fast: setup

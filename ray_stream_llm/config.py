@@ -246,12 +246,12 @@ class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
     compile_cache_uri: str | None = Field(
         default=None,
         description="Streamed load formats: an s3://, gs:// or az:// prefix (reached with the "
-        "job's store settings) through which engines share vLLM's compiled code across nodes: before "
-        "vLLM starts, an engine fetches the artifacts other nodes compiled for this model, "
-        "vLLM and torch version and device; an engine that compiled uploads its artifact "
-        "(written whole, marker last; an artifact already there is never replaced). A "
-        "damaged or incompatible artifact gets a warning and vLLM compiles. None: each "
-        "node's own cache only.",
+        "job's store settings) through which engines share vLLM's compiled code across "
+        "nodes: before vLLM starts, an engine fetches the artifacts other nodes compiled "
+        "for this model, vLLM and torch version and device; an engine that compiled "
+        "uploads its artifact (written whole, marker last; an artifact already there is "
+        "never replaced). A damaged or incompatible artifact gets a warning and vLLM "
+        "compiles. None: each node's own cache only.",
     )
     small_cluster_defaults: Literal["auto", "on", "off"] = Field(
         default="auto",

@@ -30,8 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import RESULTS, bench_store, engine_kwargs
 
 from ray_stream_llm.commands.shard import shard_model
-from ray_stream_llm.tools.shard_bench import side_by_side, summary
 from ray_stream_llm.tools import bench
+from ray_stream_llm.tools.shard_bench import side_by_side, summary
 
 
 def _limit(name):
