@@ -15,6 +15,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -37,15 +38,18 @@ def _mapped_segments() -> set[str]:
     return names
 
 
-def segments_of(pid: int) -> set[str]:
-    """Names of the ``/dev/shm/psm_*`` segments that ``pid`` or any of its descendants maps
-    now: the engine's own (vLLM's ring buffer is mapped by the engine and its workers)."""
+def _processes(pid: int) -> list[Any]:
+    """``pid`` and its descendants now (psutil processes); none when it has exited."""
     import psutil
 
     try:
-        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
     except psutil.Error:
-        return set()
+        return []
+
+
+def _mapped_by(procs: list[Any]) -> set[str]:
     names: set[str] = set()
     for proc in procs:
         try:
@@ -56,6 +60,12 @@ def segments_of(pid: int) -> set[str]:
         except OSError:  # the process exited
             continue
     return names
+
+
+def segments_of(pid: int) -> set[str]:
+    """Names of the ``/dev/shm/psm_*`` segments that ``pid`` or any of its descendants maps
+    now: the engine's own (vLLM's ring buffer is mapped by the engine and its workers)."""
+    return _mapped_by(_processes(pid))
 
 
 def orphaned_segments(
@@ -150,16 +160,10 @@ def spawn_janitor(pid: int, since: float, *dirs: str) -> None:
     detach([*argv, *dirs])
 
 
-def _tree(pid: int) -> dict[int, float]:
-    """``pid`` and its descendants now, each with its start time (a reused pid is another
-    process)."""
+def _started(procs: list[Any]) -> dict[int, float]:
+    """Each process's pid and start time (a reused pid is another process)."""
     import psutil
 
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return {}
     found: dict[int, float] = {}
     for proc in procs:
         try:
@@ -194,8 +198,9 @@ def _watch(
     seen: set[str] = set()
     members: dict[int, float] = {}
     while Path(f"/proc/{pid}").exists():
-        seen |= segments_of(pid)
-        members |= _tree(pid)
+        procs = _processes(pid)  # one walk of the tree per poll serves both
+        seen |= _mapped_by(procs)
+        members |= _started(procs)
         time.sleep(poll)
     deadline = time.monotonic() + linger
     while _alive(members) and time.monotonic() < deadline:
