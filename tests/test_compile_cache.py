@@ -10,8 +10,7 @@ without an engine.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
+import re
 import time
 import uuid
 from pathlib import Path
@@ -28,56 +27,68 @@ QUESTIONS = ["hello world", "ray data"]
 @pytest.mark.s3
 @pytest.mark.e2e
 @pytest.mark.engine
-def test_engines_compile_once_per_node_and_a_fresh_node_loads_it_from_the_store(
+def test_engines_compile_once_per_node_and_another_node_loads_it_from_the_store(
     s3_server, tiny_models, work
 ):
-    """Two engines start together on a cold node: one compiles, the other waits for its
-    artifact and loads it, and the compiled engine ships the artifact to
-    ``compile_cache_uri``; a job on a fresh node (another HOME: nothing cached) fetches it
-    before vLLM starts and loads it. (The same HOME's second start loading vLLM's local
-    cache is tests/test_readme.py's own-model job.)"""
+    """Two Ray nodes (``ray.cluster_utils.Cluster``), each with its own vLLM cache and
+    library cache as two machines' disks would be: two engines start together on node A,
+    one compiles, the other waits for its artifact and loads it, and the compiled engine
+    ships the artifact to ``compile_cache_uri``; then the same job's engine on node B, whose
+    cache is empty, fetches it before vLLM starts and loads it. (The same node's second
+    start loading vLLM's local cache is tests/test_readme.py's own-model job.)"""
     model = tiny_models["single"]
     cache_uri = f"s3://models/compile-cache/{uuid.uuid4().hex[:8]}/"
-    fresh = Path(tempfile.mkdtemp(prefix="rsl-job-", dir="/tmp"))  # the fresh node's HOME
+    disks = {name: work / f"node-{name}" for name in ("a", "b")}
+
+    def node(name: str, cpus: int, slots: int) -> dict:
+        return {
+            "num_cpus": cpus,
+            "resources": {f"node_{name}": slots},
+            "env_vars": {
+                "VLLM_CACHE_ROOT": str(disks[name] / "vllm"),
+                "RAY_STREAM_LLM_CACHE": str(disks[name] / "ray_stream_llm"),
+            },
+        }
+
+    def on(name: str, engines: int) -> dict:
+        return {
+            "concurrency": [engines, engines],  # a fixed pool: all start together
+            "placement_group_config": {"bundles": [{"CPU": 1, f"node_{name}": 1}]},
+        }
+
     before = s3_server.served()
-    runs = []
-    try:
-        for concurrency, where in ((2, work), (1, fresh)):
-            out, _, _ = run_isolated(
-                s3_server,
-                where,
-                model.uri,
-                "runai_streamer",
-                QUESTIONS,
-                max_tokens=4,
-                engine_kwargs={"enforce_eager": False},  # vLLM's default: compile
-                config={
-                    "concurrency": [concurrency, concurrency],  # a fixed pool: all start
-                    "weight_sharing": "off",
-                    "compile_cache_uri": cache_uri,
-                },
-                num_cpus=2 * concurrency,
-                # every engine ready before the rows flow, so that each reports (the subject
-                # here is the compile, not a user's scaling)
-                env={"RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S": "900"},
-            )
-            log = (where / "job.log").read_text("utf-8", "replace")
-            runs.append((out, out["load_reports"], log))
-            # the first node goes away with its cache: nothing of it left for the fresh node
-            shutil.rmtree(work / "home" / ".cache" / "vllm", ignore_errors=True)
-        # what the fresh node's HOME holds: the fetched artifact, unpacked whole
-        fetched = list((fresh / "home/.cache/vllm/torch_compile_cache/torch_aot_compile").iterdir())
-    finally:
-        shutil.rmtree(fresh, ignore_errors=True)
-    (out1, together, log1), (out2, [warm], log2) = runs
-    # vLLM's own record: one engine compiled and saved the artifact, the other loaded it,
-    # and so did the fresh node's engine; nobody compiled over a failed load
-    assert log1.count("saved AOT compiled function to") == 1, log1[-3000:]
-    assert log1.count("Directly load AOT compilation from path") == 1, log1[-3000:]
-    assert "loaded the compiled artifact another engine of this node made" in log1
-    assert "Directly load AOT compilation from path" in log2, log2[-3000:]
-    assert "Compiling model again" not in log1 + log2
-    assert "saved AOT compiled function to" not in log2
+    out, _, _ = run_isolated(
+        s3_server,
+        work,
+        model.uri,
+        "runai_streamer",
+        QUESTIONS,
+        max_tokens=4,
+        engine_kwargs={"enforce_eager": False},  # vLLM's default: compile
+        config={"weight_sharing": "off", "compile_cache_uri": cache_uri},
+        # every engine ready before the rows flow, so that each reports (the subject
+        # here is the compile, not a user's scaling)
+        env={"RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S": "900"},
+        nodes=[node("a", 6, 2), node("b", 4, 1)],  # room for the CPU stages too
+        runs=[on("a", 2), on("b", 1)],
+    )
+    log = (work / "job.log").read_text("utf-8", "replace")
+    (out1, out2) = out["runs"]
+    together, [warm] = out1["load_reports"], out2["load_reports"]
+    # what each node's vLLM cache holds: node B only the artifact it fetched, unpacked whole
+    aot = Path("torch_compile_cache/torch_aot_compile")
+    compiled = [p.name for p in (disks["a"] / "vllm" / aot).iterdir()]
+    fetched = [p.name for p in (disks["b"] / "vllm" / aot).iterdir()]
+    # vLLM's own record, by where each process's cache is: one engine of node A compiled
+    # and saved the artifact, the other loaded it, and so did node B's engine; nobody
+    # compiled over a failed load
+    saved = re.findall(r"saved AOT compiled function to (\S+)", log)
+    loaded = re.findall(r"Directly load AOT compilation from path (\S+)", log)
+    assert len(saved) == 1 and saved[0].startswith(str(disks["a"])), log[-3000:]
+    assert sorted(Path(p).relative_to(work).parts[0] for p in loaded) == ["node-a", "node-b"]
+    assert log.count("loaded the compiled artifact another engine of this node made") == 1
+    assert "Compiling model again" not in log
+    assert log.count("compile cache: shipped") == log.count("compile cache: fetched") == 1
     # the load reports say the same, from the engines' processes
     assert sorted(r["compile_cache"] for r in together) == ["hit", "miss"], together
     [cold] = [r for r in together if r["compile_cache"] == "miss"]
@@ -93,9 +104,8 @@ def test_engines_compile_once_per_node_and_a_fresh_node_loads_it_from_the_store(
     )
     assert len(puts) == 2 and puts[0].endswith(".tar") and puts[1].endswith(".done"), puts
     digest = puts[0].removesuffix(".tar")
-    assert [p.name for p in fetched] == [digest]
+    assert compiled == fetched == [digest]
     assert any(r.method == "GET" and r.uri.endswith(puts[0]) for r in cache)
-    assert "compile cache: shipped" in log1 and "compile cache: fetched" in log2
     # the loaded code computes what the compiled code did (greedy decoding)
     answers = [{r["question"]: r["answer"] for r in o["rows"]} for o in (out1, out2)]
     assert answers[0] == answers[1] and len(answers[0]) == len(QUESTIONS)
@@ -106,7 +116,7 @@ def test_engines_compile_once_per_node_and_a_fresh_node_loads_it_from_the_store(
             f"({r['compile_cache']})"
             for r in together
         )
-        + f"; a fresh node through the store: ready {warm['ready_seconds']:.1f}s, compile "
+        + f"; node B through the store: ready {warm['ready_seconds']:.1f}s, compile "
         f"{warm['compile_seconds']:.1f}s ({warm['compile_cache']})"
     )
 

@@ -54,17 +54,23 @@ def run_isolated(
     timeout: float = 900,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` in ``work`` with :func:`isolated_env`; stdout and stderr are returned
-    and written to ``work/job.log``. The exit status is the caller's to check."""
-    proc = subprocess.run(
-        list(argv),
-        env=isolated_env(work, extra),
-        cwd=work,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    (work / "job.log").write_text(proc.stdout + proc.stderr)
+    and written to ``work/job.log`` (as they come: a job that runs past ``timeout`` is
+    killed and leaves its log there). The exit status is the caller's to check."""
+    env = isolated_env(work, extra)
+    out_path, err_path = work / "job.stdout", work / "job.stderr"
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        child = subprocess.Popen(list(argv), env=env, cwd=work, stdout=out, stderr=err)
+        try:
+            child.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+            raise
+        finally:
+            stdout = out_path.read_text("utf-8", "replace")
+            stderr = err_path.read_text("utf-8", "replace")
+            (work / "job.log").write_text(stdout + stderr)
+    proc = subprocess.CompletedProcess(list(argv), child.returncode, stdout, stderr)
     return proc
 
 

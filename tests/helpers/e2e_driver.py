@@ -2,7 +2,13 @@
 
 Usage: python e2e_driver.py SPEC_JSON OUT_JSON
 SPEC_JSON: {"model": uri, "load_format": str|null, "questions": [...], "max_tokens": int,
-            "ray_temp_dir": path, "object_store": {ObjectStoreConfig fields} | null}
+            "ray_temp_dir": path, "object_store": {ObjectStoreConfig fields} | null,
+            "nodes": [{"num_cpus", "resources", "env_vars"}, ...] | null,
+            "runs": [{config fields}, ...] | null}
+With "nodes" the script starts a ``ray.cluster_utils.Cluster`` of those Ray nodes (the
+first is the head; ``env_vars`` are each raylet's, so each node's workers have them) and
+joins it. With "runs" it runs the job once per entry in one driver, the entry's fields over
+"config", and writes each run's result under "runs".
 """
 
 import json
@@ -44,20 +50,25 @@ def main() -> None:
             target=scrape, args=(spec["metrics_port"], metrics, stop), daemon=True
         ).start()
 
+    cluster = start_cluster(spec) if spec.get("nodes") else None
+    results = []
     try:
         with typed_errors():  # what a user's `except WeightLoadError` sees
-            result = run_job(
-                spec["model"],
-                spec["questions"],
-                load_format=spec["load_format"],
-                max_tokens=spec.get("max_tokens", 24),
-                ray_temp_dir=spec["ray_temp_dir"],
-                num_cpus=spec.get("num_cpus") or 2,
-                object_store=store,
-                engine_kwargs=spec.get("engine_kwargs"),
-                config_kwargs=spec.get("config") or {},
-                metrics_export_port=spec.get("metrics_port"),
-            )
+            for run in spec.get("runs") or [{}]:
+                results.append(
+                    run_job(
+                        spec["model"],
+                        spec["questions"],
+                        load_format=spec["load_format"],
+                        max_tokens=spec.get("max_tokens", 24),
+                        ray_temp_dir=spec["ray_temp_dir"],
+                        num_cpus=spec.get("num_cpus") or 2,
+                        object_store=store,
+                        engine_kwargs=spec.get("engine_kwargs"),
+                        config_kwargs={**(spec.get("config") or {}), **run},
+                        metrics_export_port=spec.get("metrics_port"),
+                    )
+                )
     except RayStreamLLMError as exc:
         error = {
             "class": type(exc).__name__,
@@ -66,14 +77,22 @@ def main() -> None:
         }
         Path(sys.argv[2]).with_name("error.json").write_text(json.dumps(error))
         raise
+    finally:
+        if cluster is not None:  # every node's raylet, whatever happened
+            import ray
+
+            ray.shutdown()
+            cluster.shutdown()
     if spec.get("metrics_port"):
         threading.Event().wait(3.0)  # one more scrape after the last report
     stop.set()
     import ray
 
     ray.shutdown()
-    with open(sys.argv[2], "w") as f:
-        json.dump(
+    seen = 0  # a run's load reports: the job's, less the earlier runs' (one Ray job)
+    outs = []
+    for result in results:
+        outs.append(
             {
                 "rows": result.rows,
                 "build_seconds": result.build_seconds,
@@ -81,11 +100,41 @@ def main() -> None:
                 "total_seconds": result.total_seconds,
                 "metadata_files": result.metadata_files,
                 "metadata_bytes": result.metadata_bytes,
-                "load_reports": [r.to_dict() for r in result.load_reports],
-                "metrics": metrics,
-            },
-            f,
+                "load_reports": [r.to_dict() for r in result.load_reports[seen:]],
+            }
         )
+        seen = len(result.load_reports)
+    out = {**outs[-1], "metrics": metrics}
+    if spec.get("runs"):
+        out["runs"] = outs
+    with open(sys.argv[2], "w") as f:
+        json.dump(out, f)
+
+
+def start_cluster(spec: dict):
+    """The spec's Ray nodes on this machine, joined by this driver."""
+    import os
+    import tempfile
+
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from ray_stream_llm.commands import LOCAL_ENV
+
+    for key, value in LOCAL_ENV.items():  # the raylets' environment, as run_job's
+        os.environ.setdefault(key, value)
+    # where Cluster writes the head's address (ray.init makes it; Cluster does not)
+    os.makedirs(os.path.join(tempfile.gettempdir(), "ray"), exist_ok=True)
+    head, *others = spec["nodes"]
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={**head, "include_dashboard": False, "temp_dir": spec["ray_temp_dir"]},
+    )
+    for node in others:
+        cluster.add_node(**node)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=True)
+    return cluster
 
 
 if __name__ == "__main__":  # vLLM spawns processes: the guard is required

@@ -59,9 +59,14 @@ def run_isolated(
     env: dict[str, str] | None = None,
     expect_failure: bool = False,
     metrics_port: int | None = None,
+    nodes: list[dict] | None = None,
+    runs: list[dict] | None = None,
 ) -> tuple[dict, dict[str, int], float]:
     """Run the job as a user's script. With ``object_store`` the store settings are given
-    only in the config: the driver's environment holds no AWS variable at all."""
+    only in the config: the driver's environment holds no AWS variable at all. ``nodes``:
+    the Ray nodes of a ``ray.cluster_utils.Cluster`` the script starts and joins;
+    ``runs``: the job once per entry (config fields over ``config``), each run's result in
+    ``out["runs"]`` (see helpers/e2e_driver.py)."""
     extra = {
         "RAY_STREAM_LLM_ACTOR_LOGS": "1",  # actor logs in the driver's output too
         "RAY_metrics_report_interval_ms": "1000",  # workers push metrics every second
@@ -79,6 +84,8 @@ def run_isolated(
         "engine_kwargs": engine_kwargs,
         "num_cpus": num_cpus,
         "metrics_port": metrics_port,
+        "nodes": nodes,
+        "runs": runs,
     }
     (work / "spec.json").write_text(json.dumps(spec))
     start = time.time()
