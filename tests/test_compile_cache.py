@@ -30,8 +30,8 @@ QUESTIONS = ["hello world", "ray data"]
 def test_engines_compile_once_per_node_and_another_node_loads_it_from_the_store(
     s3_server, tiny_models, work
 ):
-    """Two Ray nodes (``ray.cluster_utils.Cluster``), each with its own vLLM cache and
-    library cache as two machines' disks would be: two engines start together on node A,
+    """Two Ray nodes (``ray.cluster_utils.Cluster``), each with its own vLLM cache, library
+    cache, Inductor cache and TMPDIR, as two machines' disks would be: two engines start together on node A,
     one compiles, the other waits for its artifact and loads it, and the compiled engine
     ships the artifact to ``compile_cache_uri``; then the same job's engine on node B, whose
     cache is empty, fetches it before vLLM starts and loads it. (The same node's second
@@ -39,6 +39,9 @@ def test_engines_compile_once_per_node_and_another_node_loads_it_from_the_store(
     model = tiny_models["single"]
     cache_uri = f"s3://models/compile-cache/{uuid.uuid4().hex[:8]}/"
     disks = {name: work / f"node-{name}" for name in ("a", "b")}
+    for disk in disks.values():
+        for sub in ("inductor", "tmp"):
+            (disk / sub).mkdir(parents=True)
 
     def node(name: str, cpus: int, slots: int) -> dict:
         return {
@@ -47,6 +50,8 @@ def test_engines_compile_once_per_node_and_another_node_loads_it_from_the_store(
             "env_vars": {
                 "VLLM_CACHE_ROOT": str(disks[name] / "vllm"),
                 "RAY_STREAM_LLM_CACHE": str(disks[name] / "ray_stream_llm"),
+                "TORCHINDUCTOR_CACHE_DIR": str(disks[name] / "inductor"),
+                "TMPDIR": str(disks[name] / "tmp"),
             },
         }
 
