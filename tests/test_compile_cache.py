@@ -31,11 +31,12 @@ def test_engines_compile_once_per_node_and_another_node_loads_it_from_the_store(
     s3_server, tiny_models, work
 ):
     """Two Ray nodes (``ray.cluster_utils.Cluster``), each with its own vLLM cache, library
-    cache, Inductor cache and TMPDIR, as two machines' disks would be: two engines start together on node A,
-    one compiles, the other waits for its artifact and loads it, and the compiled engine
-    ships the artifact to ``compile_cache_uri``; then the same job's engine on node B, whose
-    cache is empty, fetches it before vLLM starts and loads it. (The same node's second
-    start loading vLLM's local cache is tests/test_readme.py's own-model job.)"""
+    cache, Inductor cache and TMPDIR, as two machines' disks would be: two engines start
+    together on node A, one compiles, the other waits for its artifact and loads it, and the
+    compiled engine ships the artifact to ``compile_cache_uri``; then the same job's engine
+    on node B, whose cache is empty, fetches it before vLLM starts and loads it. (The same
+    node's second start loading vLLM's local cache is tests/test_readme.py's own-model
+    job.)"""
     model = tiny_models["single"]
     cache_uri = f"s3://models/compile-cache/{uuid.uuid4().hex[:8]}/"
     disks = {name: work / f"node-{name}" for name in ("a", "b")}

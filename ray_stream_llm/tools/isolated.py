@@ -70,8 +70,7 @@ def run_isolated(
             stdout = out_path.read_text("utf-8", "replace")
             stderr = err_path.read_text("utf-8", "replace")
             (work / "job.log").write_text(stdout + stderr)
-    proc = subprocess.CompletedProcess(list(argv), child.returncode, stdout, stderr)
-    return proc
+    return subprocess.CompletedProcess(list(argv), child.returncode, stdout, stderr)
 
 
 def tree_bytes(root: Path) -> int:
