@@ -19,8 +19,8 @@ from importlib.metadata import PackageNotFoundError, version
 from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig
 from ray_stream_llm.errors import RayStreamLLMError
 from ray_stream_llm.fetch import fetch_model_metadata
-from ray_stream_llm.integrations.registry import build_llm_processor, register
-from ray_stream_llm.integrations.telemetry import load_reports, typed_errors
+from ray_stream_llm.integrations.ray.registry import build_llm_processor, register
+from ray_stream_llm.integrations.ray.telemetry import load_reports, typed_errors
 from ray_stream_llm.manifest import ModelFile, ModelManifest, inspect_model
 from ray_stream_llm.patterns import FileRole
 from ray_stream_llm.reports import LoadReport

@@ -3,7 +3,7 @@
 The config has the fields and defaults of Ray's ``vLLMEngineProcessorConfig``.
 When ``engine_kwargs["load_format"]`` is a Run:ai streaming format and the
 model is an object-store URI, building the processor
-(:mod:`ray_stream_llm.integrations.builder`) fetches only metadata (on the
+(:mod:`ray_stream_llm.integrations.ray.builder`) fetches only metadata (on the
 driver first, which also checks the model before any actor starts); every stage
 fetches the same metadata on its own node, and each engine streams the weights
 from the URI. Any other load format is built by Ray's own builder, unchanged.

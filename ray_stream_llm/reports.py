@@ -1,14 +1,14 @@
 """Load reports: where each engine's start-up seconds and bytes went.
 
 Each engine actor builds one :class:`LoadReport` when its engine is ready and
-publishes it (:mod:`ray_stream_llm.integrations.telemetry`): one INFO log line,
+publishes it (:mod:`ray_stream_llm.integrations.ray.telemetry`): one INFO log line,
 Ray metrics, and a JSON entry in the Ray cluster's internal key-value store, from
 which ``ray_stream_llm.load_reports()`` (in telemetry: it reads Ray's cluster) returns a
 finished job's reports as data.
 
 The streaming figures come from the engine's own processes
-(:mod:`ray_stream_llm.integrations.vllm_plugin`), collected in the actor by
-:class:`~ray_stream_llm.integrations.stream_watch.StreamWatcher`.
+(:mod:`ray_stream_llm.integrations.vllm.plugin`), collected in the actor by
+:class:`~ray_stream_llm.integrations.vllm.stream_watch.StreamWatcher`.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class LoadReport:
     pull_hidden_seconds: float | None = None  # of the node's pull, before this engine streamed
     pull_bytes: int | None = None  # what the node's one pull read from the store
     ranks: list[dict[str, Any]] | None = None  # per streaming process (rank): bytes, seconds
-    # vLLM's compile phase (integrations/compile_cache.py): seconds in vLLM's torch.compile
+    # vLLM's compile phase (integrations/vllm/compile_cache.py): seconds in vLLM's torch.compile
     # blocks (the slowest rank), and "hit" / "miss" / "load failed: <vLLM's reason>"
     compile_seconds: float | None = None
     compile_cache: str | None = None

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from helpers.models import LAYOUTS, UploadedModel, build_layout, metadata_files, weight_files
 
-from ray_stream_llm.integrations import shm as shm_module
+from ray_stream_llm.integrations.vllm import shm as shm_module
 from ray_stream_llm.tools.localstore import LocalS3Server
 
 # --- local S3 server (SeaweedFS) and tiny models on it ------------------------------------

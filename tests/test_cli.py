@@ -144,7 +144,7 @@ def test_run_jsonl_to_parquet_keeps_input_columns(tiny_models, s3_server):
     column come back unchanged, every row with generated text."""
     import pyarrow.parquet as pq
 
-    from ray_stream_llm.integrations.shm import orphaned_segments
+    from ray_stream_llm.integrations.vllm.shm import orphaned_segments
 
     work = Path(tempfile.mkdtemp(prefix="rsl-cli-", dir="/tmp"))  # short: Ray socket paths
     started = work.stat().st_mtime - 1

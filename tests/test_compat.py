@@ -24,7 +24,7 @@ from ray.data.llm import vLLMEngineProcessorConfig
 
 from ray_stream_llm import StreamingvLLMEngineProcessorConfig, build_llm_processor
 from ray_stream_llm.errors import UnsupportedRayError
-from ray_stream_llm.integrations.ray_version import SUPPORTED_RAY, check_ray_version
+from ray_stream_llm.integrations.ray.version import SUPPORTED_RAY, check_ray_version
 
 pytestmark = pytest.mark.e2e  # starts Ray (not vLLM)
 
@@ -160,7 +160,7 @@ def test_tensor_parallel_on_vllms_cpu_build_runs_its_workers_as_processes(
     """vLLM's CPU build has no Ray executor (which Ray picks for TP > 1) and binds each
     worker to a NUMA node of its own: a TP=2 engine gets the 'mp' backend and unbound
     threads, unless the config says otherwise."""
-    from ray_stream_llm.integrations.compat import vllm_is_cpu_build
+    from ray_stream_llm.integrations.ray.compat import vllm_is_cpu_build
 
     assert vllm_is_cpu_build()
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
@@ -207,7 +207,7 @@ def test_a_streamed_build_swaps_every_model_stage_and_delivers_the_settings(
     """The streamed graph on this Ray: each stage that reads the model runs this library's
     subclass with the URI, the engine streams, and the store's settings reach every stage
     (secrets only in the UDFs' arguments)."""
-    from ray_stream_llm.integrations.compat import MODEL_FREE_UDFS
+    from ray_stream_llm.integrations.ray.compat import MODEL_FREE_UDFS
     from ray_stream_llm.stores.settings import ObjectStoreConfig
 
     monkeypatch.setenv("RAY_STREAM_LLM_CACHE", str(tmp_path / "cache"))

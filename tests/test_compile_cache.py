@@ -19,7 +19,7 @@ import pytest
 from helpers import compile_store
 from helpers.jobs import run_isolated
 
-from ray_stream_llm.integrations import compile_cache
+from ray_stream_llm.integrations.vllm import compile_cache
 
 QUESTIONS = ["hello world", "ray data"]
 
@@ -215,7 +215,7 @@ def test_a_shared_region_keys_the_compile_cache_by_its_digest_not_its_node(tiny_
     from vllm.compilation import caching
     from vllm.engine.arg_utils import EngineArgs
 
-    from ray_stream_llm.integrations.node_weights import CREATED
+    from ray_stream_llm.weights.region import CREATED
 
     regions = []
     for node, digest in (("node-a", "0123"), ("node-b", "0123"), ("node-b", "4567")):

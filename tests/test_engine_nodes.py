@@ -20,7 +20,7 @@ import pytest
 from helpers.s3log import AccessLog, copy_model, prefix_of
 
 from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig
-from ray_stream_llm.integrations.builder import _engine_bundle, resolve_sharing
+from ray_stream_llm.integrations.ray.builder import _engine_bundle, resolve_sharing
 
 STREAM = {"load_format": "runai_streamer"}
 GiB = 1 << 30
@@ -66,7 +66,7 @@ def _engine_remote_args(model_dir: str, **fields) -> dict:
     )
     from ray.data.llm import vLLMEngineProcessorConfig
 
-    from ray_stream_llm.integrations.compat import ray_builds_with
+    from ray_stream_llm.integrations.ray.compat import ray_builds_with
 
     processor = ray_builds_with(vLLMEngineProcessorConfig(model_source=model_dir, **fields))
     [engine] = [s for s in processor.stages.values() if "vLLMEngineStage" in type(s).__name__]
@@ -103,7 +103,7 @@ def test_a_cpu_only_node_pulls_nothing(s3_server, s3_env, tiny_models, base, wor
     from helpers.models import build_layout
     from ray.cluster_utils import Cluster
 
-    from ray_stream_llm.integrations import node_weights
+    from ray_stream_llm.weights import region as node_weights
 
     model = copy_model(s3_server, tiny_models["sharded"], "engine-nodes")
     monkeypatch.setenv("RAY_TMPDIR", str(work))
@@ -131,8 +131,8 @@ def test_a_cpu_only_node_pulls_nothing(s3_server, s3_env, tiny_models, base, wor
         @ray.remote(num_cpus=0.1)
         class Stage:
             def __init__(self, uri, sharing, accel):
-                from ray_stream_llm.integrations import udfs
-                from ray_stream_llm.integrations.node_weights import wait_for
+                from ray_stream_llm.integrations.ray import udfs
+                from ray_stream_llm.weights.region import wait_for
 
                 self.can_host = sharing.node_can_host_an_engine()
                 self.accel_can_host = accel.node_can_host_an_engine()
@@ -151,7 +151,7 @@ def test_a_cpu_only_node_pulls_nothing(s3_server, s3_env, tiny_models, base, wor
                 }
 
             def streamer(self, sharing):
-                from ray_stream_llm.integrations import memory
+                from ray_stream_llm.weights import memory
 
                 env: dict[str, str] = {}
                 engines = memory.engines_per_node(sharing.engine_resources, most=8)
@@ -166,7 +166,7 @@ def test_a_cpu_only_node_pulls_nothing(s3_server, s3_env, tiny_models, base, wor
                 return sharing.node_can_host_an_engine()
 
             def done(self):
-                from ray_stream_llm.integrations import udfs
+                from ray_stream_llm.integrations.ray import udfs
 
                 for w in udfs._prefetched:
                     w.release()

@@ -34,7 +34,7 @@ import psutil
 import pytest
 from helpers.jobs import weight_files_written
 
-from ray_stream_llm.integrations.shm import orphaned_segments, remove_orphaned_segments
+from ray_stream_llm.integrations.vllm.shm import orphaned_segments, remove_orphaned_segments
 from ray_stream_llm.tools.isolated import isolated_env
 from ray_stream_llm.tools.localstore import LocalS3Server, free_ports
 

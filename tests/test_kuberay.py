@@ -2,7 +2,7 @@
 the example model; its store settings come from a Secret; its entrypoint compiles and builds
 a config from fields that exist. Starts nothing (no Ray, no vLLM, no server).
 
-The rule (ray_stream_llm/integrations/memory.py, docs/sharing.md "Memory rules"): a node's
+The rule (ray_stream_llm/weights/memory.py, docs/sharing.md "Memory rules"): a node's
 region fits when the tmpfs's free space holds the weights still to come + the other regions'
 bytes to come + MARGIN, and the memory view (the least of the host's available memory and
 each cgroup level's limit - in use) holds that plus, with vLLM's CPU build only, one engine's
@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 import yaml
 
-from ray_stream_llm.integrations import memory, node_weights
-from ray_stream_llm.integrations.memory import (
+from ray_stream_llm.weights import memory
+from ray_stream_llm.weights import region as node_weights
+from ray_stream_llm.weights.memory import (
     CgroupLevel,
     GiB,
     MemoryView,
@@ -32,7 +33,7 @@ from ray_stream_llm.integrations.memory import (
     Tmpfs,
     derive_streamer_limit,
 )
-from ray_stream_llm.integrations.node_weights import MARGIN
+from ray_stream_llm.weights.region import MARGIN
 
 HERE = Path(__file__).resolve().parents[1] / "examples" / "kuberay"
 MANIFEST = HERE / "rayjob.yaml"

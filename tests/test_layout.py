@@ -117,13 +117,13 @@ def test_the_core_imports_no_integration():
 
 def test_the_tokenizer_side_stage_actors_never_import_vllm():
     """A chat-template, tokenize or detokenize actor unpickles its UDF class from
-    ``integrations.udfs``: importing that (and the package) loads no vLLM, which costs each
+    ``integrations.ray.udfs``: importing that (and the package) loads no vLLM, which costs each
     such actor seconds of CPU and hundreds of MB (measured: 5.7 s of imports); the engine's
-    UDF, which needs it, lives in ``integrations.engine_udf``."""
+    UDF, which needs it, lives in ``integrations.ray.engine_udf``."""
     import subprocess
 
     probe = (
-        "import sys, ray_stream_llm, ray_stream_llm.integrations.udfs as u\n"
+        "import sys, ray_stream_llm, ray_stream_llm.integrations.ray.udfs as u\n"
         "assert u.StreamingTokenizeUDF and u.StreamingChatTemplateUDF\n"
         "print(sorted(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')))"
     )
@@ -131,7 +131,7 @@ def test_the_tokenizer_side_stage_actors_never_import_vllm():
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
     ).stdout
     assert out.strip() == "[]", out[-2000:]
-    probe = probe.replace("integrations.udfs", "integrations.engine_udf").replace(
+    probe = probe.replace("integrations.ray.udfs", "integrations.ray.engine_udf").replace(
         "StreamingTokenizeUDF and u.StreamingChatTemplateUDF", "StreamingvLLMEngineStageUDF"
     )
     out = subprocess.run(

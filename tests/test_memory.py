@@ -20,8 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ray_stream_llm.integrations import memory
-from ray_stream_llm.integrations.memory import (
+from ray_stream_llm.weights import memory
+from ray_stream_llm.weights.memory import (
     CgroupLevel,
     MemoryView,
     Regions,
@@ -247,8 +247,9 @@ CHILD = textwrap.dedent(
     Path(cgroup, "cgroup.procs").write_text(str(os.getpid()))  # from here on, capped
     import psutil
     from ray_stream_llm.errors import WeightSharingError
-    from ray_stream_llm.integrations import memory, node_weights
-    from ray_stream_llm.integrations.node_weights import NodeWeights, Sharing
+    from ray_stream_llm.weights import memory
+    from ray_stream_llm.weights import region as node_weights
+    from ray_stream_llm.weights.region import NodeWeights, Sharing
     from ray_stream_llm.stores import ObjectInfo
     from ray_stream_llm.uri import parse_model_uri
 

@@ -19,10 +19,10 @@ from helpers.s3log import AccessLog, copy_model, prefix_of
 
 from ray_stream_llm.errors import WeightSharingError
 from ray_stream_llm.fetch import fetch_metadata_report
-from ray_stream_llm.integrations import node_weights
-from ray_stream_llm.integrations.node_weights import NodeWeights, Sharing, wait_for
 from ray_stream_llm.stores import ObjectInfo
 from ray_stream_llm.uri import parse_model_uri
+from ray_stream_llm.weights import region as node_weights
+from ray_stream_llm.weights.region import NodeWeights, Sharing, wait_for
 
 pytestmark = [pytest.mark.s3]
 
@@ -41,7 +41,7 @@ def _reapers(region: Path) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
-        if "ray_stream_llm.integrations.node_weights" in cmd and str(region) in cmd:
+        if "ray_stream_llm.weights.region" in cmd and str(region) in cmd:
             found.append(proc)
     return found
 
@@ -87,7 +87,7 @@ def test_two_processes_share_one_pull(s3_server, s3_env, tiny_models, base):
     code = textwrap.dedent(f"""
         import sys, time
         from ray_stream_llm.fetch import fetch_metadata_report
-        from ray_stream_llm.integrations.node_weights import NodeWeights, Sharing, wait_for
+        from ray_stream_llm.weights.region import NodeWeights, Sharing, wait_for
         from ray_stream_llm.uri import parse_model_uri
         report = fetch_metadata_report({model.uri!r})
         w = NodeWeights(parse_model_uri(report.uri), report.weight_objects,
@@ -122,7 +122,7 @@ def test_a_killed_holder_leaves_nothing_behind(s3_server, s3_env, tiny_models, b
     model, uri, objects = _weights(s3_server, tiny_models, "share-killed")
     code = textwrap.dedent(f"""
         from ray_stream_llm.fetch import fetch_metadata_report
-        from ray_stream_llm.integrations.node_weights import NodeWeights, Sharing
+        from ray_stream_llm.weights.region import NodeWeights, Sharing
         from ray_stream_llm.uri import parse_model_uri
         report = fetch_metadata_report({model.uri!r})
         w = NodeWeights(parse_model_uri(report.uri), report.weight_objects,
@@ -146,7 +146,7 @@ def test_a_dead_puller_is_taken_over(s3_server, s3_env, tiny_models, base):
         env = {**os.environ, "AWS_ENDPOINT_URL": proxy.endpoint_url}
         code = textwrap.dedent(f"""
             from ray_stream_llm.fetch import fetch_metadata_report
-            from ray_stream_llm.integrations.node_weights import NodeWeights, Sharing
+            from ray_stream_llm.weights.region import NodeWeights, Sharing
             from ray_stream_llm.uri import parse_model_uri
             report = fetch_metadata_report({model.uri!r})
             w = NodeWeights(parse_model_uri(report.uri), report.weight_objects,
@@ -226,8 +226,8 @@ def test_two_ray_nodes_pull_once_each_and_clean_up(
         class User:
             def __init__(self, uri_text, base_dir):
                 from ray_stream_llm.fetch import fetch_metadata_report
-                from ray_stream_llm.integrations.node_weights import NodeWeights, Sharing, wait_for
                 from ray_stream_llm.uri import parse_model_uri
+                from ray_stream_llm.weights.region import NodeWeights, Sharing, wait_for
 
                 report = fetch_metadata_report(uri_text)
                 self.weights = NodeWeights(

@@ -302,7 +302,7 @@ def test_the_sharded_file_pattern_names_the_rank_files_as_vllm_formats_them():
 
 
 def test_streamer_tuning_stays_out_of_the_sharded_loaders_config():
-    from ray_stream_llm.integrations.runtime_env import merge_engine_kwargs
+    from ray_stream_llm.integrations.ray.runtime_env import merge_engine_kwargs
     from ray_stream_llm.stores.settings import ObjectStoreConfig, derive_settings
 
     settings = derive_settings(ObjectStoreConfig(streamer_concurrency=4))

@@ -24,11 +24,12 @@ from ray_stream_llm import stores
 from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig, resolve_sharing_dir
 from ray_stream_llm.errors import InvalidSettingError, NotStreamableError
 from ray_stream_llm.fetch import fetch_metadata_report
-from ray_stream_llm.integrations import node_weights, shm
-from ray_stream_llm.integrations.node_weights import NodeWeights, Sharing, wait_for
+from ray_stream_llm.integrations.vllm import shm
 from ray_stream_llm.manifest import inspect_model
 from ray_stream_llm.tools.throttle import Throttle
 from ray_stream_llm.uri import parse_model_uri
+from ray_stream_llm.weights import region as node_weights
+from ray_stream_llm.weights.region import NodeWeights, Sharing, wait_for
 
 pytestmark = [pytest.mark.s3]
 
@@ -66,7 +67,7 @@ def test_the_plugin_waits_for_a_region_file_named_by_a_relative_path(
     streamed a relative spelling at once, reading a sparse file still being written."""
     from runai_model_streamer import SafetensorsStreamer
 
-    from ray_stream_llm.integrations.vllm_plugin import _measured
+    from ray_stream_llm.integrations.vllm.plugin import _measured
 
     model = copy_model(s3_server, tiny_models["sharded"], "relative")
     report = fetch_metadata_report(model.uri)
@@ -409,7 +410,7 @@ def test_a_region_refused_when_its_pull_starts(
     'auto' engines stream each file from the store instead, 'node' fails by the sizes."""
     from runai_model_streamer import SafetensorsStreamer
 
-    from ray_stream_llm.integrations.vllm_plugin import _measured
+    from ray_stream_llm.integrations.vllm.plugin import _measured
 
     real = node_weights.memory_problem
 

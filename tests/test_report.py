@@ -9,8 +9,8 @@ import json
 import pytest
 from helpers.models import tensor_bytes
 
-from ray_stream_llm.integrations.stream_watch import StreamWatcher
-from ray_stream_llm.integrations.vllm_plugin import REPORT_DIR_ENV, register
+from ray_stream_llm.integrations.vllm.plugin import REPORT_DIR_ENV, register
+from ray_stream_llm.integrations.vllm.stream_watch import StreamWatcher
 from ray_stream_llm.reports import LoadReport, stream_figures
 
 

@@ -500,7 +500,7 @@ def test_ray_executor_workers_get_the_report_directory(monkeypatch, tmp_path):
     the plugin names the report directory there, so Ray-actor ranks report too."""
     from vllm.ray.ray_env import get_env_vars_to_copy
 
-    from ray_stream_llm.integrations.vllm_plugin import RAY_COPY_ENV, REPORT_DIR_ENV, register
+    from ray_stream_llm.integrations.vllm.plugin import RAY_COPY_ENV, REPORT_DIR_ENV, register
 
     monkeypatch.setenv(REPORT_DIR_ENV, str(tmp_path))
     monkeypatch.setenv(RAY_COPY_ENV, "SOME_USER_VAR")

@@ -19,8 +19,8 @@ import pytest
 from helpers.jobs import SHARDED_MAX_TOKENS, SHARDED_QUESTIONS, run_isolated, store_through
 from helpers.s3log import AccessLog, copy_model, prefix_of
 
-from ray_stream_llm.integrations.node_weights import CHUNK, DEFAULT_BASE
 from ray_stream_llm.tools.throttle import Throttle
+from ray_stream_llm.weights.region import CHUNK, DEFAULT_BASE
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e, pytest.mark.engine]
 QUESTIONS = SHARDED_QUESTIONS  # the control's (sharded_job)
@@ -30,7 +30,7 @@ def _reapers() -> list[psutil.Process]:
     return [
         p
         for p in psutil.process_iter(["cmdline"])
-        if "ray_stream_llm.integrations.node_weights" in (p.info["cmdline"] or [])
+        if "ray_stream_llm.weights.region" in (p.info["cmdline"] or [])
     ]
 
 

@@ -246,8 +246,8 @@ def test_conflicting_runtime_env_refused_before_ray_starts():
 
 
 def test_settings_merged_into_stage_runtime_envs_and_engine():
-    from ray_stream_llm.integrations.builder import resource_defaults
-    from ray_stream_llm.integrations.runtime_env import deliver_env, store_updates
+    from ray_stream_llm.integrations.ray.builder import resource_defaults
+    from ray_stream_llm.integrations.ray.runtime_env import deliver_env, store_updates
 
     config = _config(
         object_store=ObjectStoreConfig(

@@ -13,9 +13,9 @@ import pytest
 from helpers.s3log import AccessLog, copy_model, prefix_of
 
 from ray_stream_llm.fetch import fetch_metadata_report
-from ray_stream_llm.integrations import node_weights
-from ray_stream_llm.integrations.node_weights import NodeWeights, Sharing, wait_for
 from ray_stream_llm.uri import parse_model_uri
+from ray_stream_llm.weights import region as node_weights
+from ray_stream_llm.weights.region import NodeWeights, Sharing, wait_for
 
 pytestmark = [pytest.mark.s3]
 

@@ -152,7 +152,7 @@ def run_batch(
         postprocess=postprocess,
         builder_kwargs={"checked_metadata_dir": checked},
     )
-    from ray_stream_llm.integrations.builder import MAP_NUM_CPUS  # the processor's map default
+    from ray_stream_llm.integrations.ray.builder import MAP_NUM_CPUS  # the processor's map default
 
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = verbose  # ours is the one display when quiet

@@ -445,7 +445,7 @@ def _upload_once(
 def _writer_kwargs(
     meta_dir: Path, source: ModelURI, tp: int, engine_kwargs: dict[str, Any] | None
 ) -> dict[str, Any]:
-    from ray_stream_llm.integrations.compat import vllm_is_cpu_build
+    from ray_stream_llm.integrations.ray.compat import vllm_is_cpu_build
 
     cpu = vllm_is_cpu_build()
     kwargs: dict[str, Any] = {
@@ -479,8 +479,8 @@ def _save_and_upload(
     log: Callable[[str], None],
 ) -> list[dict[str, Any]]:
     from ray_stream_llm.commands import LOCAL_ENV
-    from ray_stream_llm.integrations.compat import vllm_is_cpu_build
-    from ray_stream_llm.integrations.vllm_plugin import save_sharded_checkpoint
+    from ray_stream_llm.integrations.ray.compat import vllm_is_cpu_build
+    from ray_stream_llm.integrations.vllm.plugin import save_sharded_checkpoint
 
     tp = int(identity["tensor_parallel_size"])
     _check_stage(stage, need)

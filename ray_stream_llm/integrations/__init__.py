@@ -6,6 +6,6 @@ this package imports ``ray.llm._internal``, ``ray._private`` or vLLM.
 """
 
 from ray_stream_llm import fetch as _fetch
-from ray_stream_llm.integrations import progress as _progress
+from ray_stream_llm.integrations.ray import progress as _progress
 
 _fetch.register_progress(_progress.fetch_bar)  # the core imports nothing from here

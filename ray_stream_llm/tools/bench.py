@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ray_stream_llm.integrations.runtime_env import scoped_env
+from ray_stream_llm.integrations.ray.runtime_env import scoped_env
 from ray_stream_llm.reports import GIB
 from ray_stream_llm.tools.bench_job import MAX_TOKENS, PROMPTS, SAMPLING, run_isolated_job
 
@@ -341,7 +341,7 @@ def throughput(model_uri: str, *, concurrency: int = CONCURRENCY) -> dict[str, f
 def metadata_fetch(uris: dict[str, str], workdir: Path) -> dict[str, dict[str, float]]:
     """A cold metadata fetch (fresh directory) of each model (label -> URI)."""
     from ray_stream_llm.fetch import fetch_metadata_report
-    from ray_stream_llm.integrations.progress import PROGRESS_ENV
+    from ray_stream_llm.integrations.ray.progress import PROGRESS_ENV
 
     results = {}
     for label, uri in uris.items():

@@ -62,7 +62,7 @@ def _spec(
 
 def _wait_until_no_region(timeout: float = KEEP_WARM_S + 60) -> None:
     """The kept weights gone (the reaper removes them after ``keep_warm_s``)."""
-    from ray_stream_llm.integrations.node_weights import DEFAULT_BASE
+    from ray_stream_llm.weights.region import DEFAULT_BASE
 
     deadline = time.monotonic() + timeout
     while any(p.is_file() for p in Path(DEFAULT_BASE).rglob("*")):

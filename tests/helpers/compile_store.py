@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ray_stream_llm import stores
-from ray_stream_llm.integrations import compile_store
+from ray_stream_llm.integrations.vllm import compile_store
 from ray_stream_llm.stores.base import StoreDeadline
 from ray_stream_llm.stores.settings import ObjectStoreConfig
 from ray_stream_llm.uri import parse_model_uri

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from helpers.models import is_weight
-from ray_stream_llm.integrations.shm import orphaned_segments, remove_orphaned_segments
+from ray_stream_llm.integrations.vllm.shm import orphaned_segments, remove_orphaned_segments
 from ray_stream_llm.tools.isolated import run_isolated as run_in_isolation
 from ray_stream_llm.tools.localstore import LocalS3Server
 

@@ -21,7 +21,7 @@ lock, and a waiting engine takes the pull over. Nothing waits forever.
 Clean-up is reference counted: each process adds ``.refs/<pid>-<start time>`` and
 removes it when done; the last one removes the region. A process that is killed
 cannot, so the region's creator starts a detached reaper (``python -m
-ray_stream_llm.integrations.node_weights reap <region>``) that removes the region
+ray_stream_llm.weights.region reap <region>``) that removes the region
 once no live process holds a reference, and exits. A region left by a dead job is
 removed by that job's reaper, or reclaimed by the next job that makes the same one.
 
@@ -48,13 +48,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ray_stream_llm.detached import detach
 from ray_stream_llm.errors import (
     ModelNotFoundError,
     ObjectChangedError,
     RayStreamLLMError,
     WeightSharingError,
 )
-from ray_stream_llm.integrations.shm import detach
 from ray_stream_llm.stores import ObjectInfo, StoreDeadline
 from ray_stream_llm.uri import ModelURI
 
@@ -202,9 +202,9 @@ def memory_problem(base: Path, weight_bytes: int, *, region: Path | None = None)
     """Why a region of ``weight_bytes`` cannot fit under ``base`` now, or None: the
     cgroup's limits (a container's) and the host's, the tmpfs, the node's other regions
     (their full size) and, with vLLM's CPU build, one engine's KV cache still to come
-    (:mod:`ray_stream_llm.integrations.memory`). ``region``: the region about to be
+    (:mod:`ray_stream_llm.weights.memory`). ``region``: the region about to be
     pulled (checked again before each pull starts; its bytes in already count)."""
-    from ray_stream_llm.integrations import memory
+    from ray_stream_llm.weights import memory
 
     engines = 1 if memory.cpu_kv_cache_pending() else 0
     return memory.memory_problem(
@@ -689,7 +689,7 @@ def _warm(region: Path) -> bool:
 
 
 def _spawn_reaper(region: Path) -> None:
-    detach([sys.executable, "-m", "ray_stream_llm.integrations.node_weights", "reap", str(region)])
+    detach([sys.executable, "-m", "ray_stream_llm.weights.region", "reap", str(region)])
 
 
 def reap(region: Path, *, grace: float = 2.0, poll: float = 0.5) -> None:

@@ -6,7 +6,7 @@ stage's ``runtime_env``, and
 tokens, Azure keys) do not go into the runtime_env, because Ray's runtime-env
 agent writes runtime_envs to its log: they travel in the stage UDFs'
 constructor arguments and are set in each actor's environment there
-(:class:`ray_stream_llm.integrations.udfs.SecretEnv`). A value the user already
+(:class:`ray_stream_llm.integrations.ray.udfs.SecretEnv`). A value the user already
 set differently is an error
 naming both sources; secrets are never shown.
 """

@@ -2,7 +2,7 @@
 
 Importing :mod:`ray_stream_llm` registers :class:`StreamingvLLMEngineProcessorConfig`,
 so that ``ray.data.llm.build_processor(config, ...)`` builds it with
-:func:`ray_stream_llm.integrations.builder.build_streaming_processor` (imported at
+:func:`ray_stream_llm.integrations.ray.builder.build_streaming_processor` (imported at
 build time only: it imports Ray's stages and torch).
 """
 
@@ -16,8 +16,8 @@ from ray.llm._internal.batch.processor.base import ProcessorBuilder
 
 from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig
 from ray_stream_llm.errors import UnsupportedRayError
-from ray_stream_llm.integrations.ray_version import check_ray_version
-from ray_stream_llm.integrations.runtime_env import store_updates
+from ray_stream_llm.integrations.ray.runtime_env import store_updates
+from ray_stream_llm.integrations.ray.version import check_ray_version
 from ray_stream_llm.preflight import preflight
 from ray_stream_llm.stores.settings import derive_settings
 
@@ -47,7 +47,7 @@ def _build(
     driver_dir = checked_metadata_dir
     if driver_dir is None and config.streams_from_object_store:
         driver_dir = preflight(config)
-    from ray_stream_llm.integrations.builder import build_streaming_processor
+    from ray_stream_llm.integrations.ray.builder import build_streaming_processor
 
     return build_streaming_processor(config, driver_dir=driver_dir, **kwargs)
 

@@ -131,21 +131,6 @@ def _newer(path: Path, since: float) -> bool:
         return False
 
 
-def detach(argv: list[str]) -> None:
-    """Start ``argv`` as an orphan in a session of its own (the shell that starts it exits
-    at once): Ray kills a worker's child processes when the worker exits, and the point of
-    these processes is to outlive the actor that started them."""
-    import shlex
-    import subprocess
-
-    command = " ".join(shlex.quote(a) for a in argv)
-    subprocess.run(
-        ["/bin/sh", "-c", f"setsid {command} </dev/null >/dev/null 2>&1 &"],
-        check=True,
-        close_fds=True,
-    )
-
-
 def spawn_janitor(pid: int, since: float, *dirs: str) -> None:
     """A detached process that watches ``pid`` (an engine actor) and records the segments
     its processes map; once it has exited, however it ended, it removes those of them no
@@ -153,6 +138,8 @@ def spawn_janitor(pid: int, since: float, *dirs: str) -> None:
     ``dirs`` (the engine's private IPC directory), then exits. An actor that Ray kills at
     shutdown runs no ``__del__``; the janitor still cleans up after it."""
     import sys
+
+    from ray_stream_llm.detached import detach
 
     # run as a script, not ``-m``: the package's __init__ imports Ray (about 250 MB and
     # seconds of CPU in every janitor); this module needs the standard library and psutil

@@ -2,7 +2,7 @@
 
 Importing Ray's engine stage imports vLLM (seconds of CPU and hundreds of MB): only the
 engine actor and the driver's build import this module, never the tokenizer-side stage
-actors (:mod:`ray_stream_llm.integrations.compat` has everything else).
+actors (:mod:`ray_stream_llm.integrations.ray.compat` has everything else).
 
 Ray 2.48-2.50's engine wrapper calls the vLLM API of its day (``task=``, ``VLLM_USE_V1``,
 ``GuidedDecodingParams``, ``vllm.inputs.data``), which vLLM removed; with such a vLLM
@@ -21,7 +21,7 @@ from typing import Any
 from ray.llm._internal.batch.stages import vllm_engine_stage as _engine_stage
 from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMEngineStageUDF
 
-from ray_stream_llm.integrations.compat import ray_stage_shims
+from ray_stream_llm.integrations.ray.compat import ray_stage_shims
 
 
 @functools.cache
@@ -36,7 +36,7 @@ def _needs_v1_wrapper() -> bool:
 
 @contextlib.contextmanager
 def engine_stage_shims() -> Iterator[None]:
-    """:func:`~ray_stream_llm.integrations.compat.ray_stage_shims`, and Ray's engine wrapper
+    """:func:`~ray_stream_llm.integrations.ray.compat.ray_stage_shims`, and Ray's engine wrapper
     replaced where it calls a vLLM API that is gone."""
     swaps = [(_engine_stage, "vLLMEngineWrapper", _V1EngineWrapper)] if _needs_v1_wrapper() else []
     with ray_stage_shims(*swaps):

@@ -10,8 +10,8 @@ import tempfile
 import threading
 from typing import Any
 
-from ray_stream_llm.integrations.progress import ByteProgress
-from ray_stream_llm.integrations.vllm_plugin import REPORT_DIR_ENV
+from ray_stream_llm.integrations.ray.progress import ByteProgress
+from ray_stream_llm.integrations.vllm.plugin import REPORT_DIR_ENV
 
 
 class StreamWatcher:

@@ -37,7 +37,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ray_stream_llm.integrations.compile_cache import REPORT_DIR_ENV, tensor_parallel_rank
+from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV, tensor_parallel_rank
 
 # The streamer's tuning, as the streaming process sees it (vLLM applies its
 # model_loader_extra_config to this process's environment before it streams).
@@ -97,7 +97,7 @@ def _measured(base: type) -> type:
         """``SafetensorsStreamer`` that reports its sessions to the engine actor."""
 
         def stream_files(self, paths: list[str], *args: Any, **kwargs: Any) -> None:
-            from ray_stream_llm.integrations.node_weights import region_of
+            from ray_stream_llm.weights.region import region_of
 
             begin = time.time()
             # A file of a node's shared region (known by the region's own marker, however
@@ -153,7 +153,7 @@ def _measured(base: type) -> type:
             state = getattr(self, "_rsl", None)
             pending = getattr(self, "_rsl_pending", None)
             if pending is not None:
-                from ray_stream_llm.integrations.node_weights import region_of, source_of
+                from ray_stream_llm.weights.region import region_of, source_of
 
                 paths, args, kwargs = pending
                 for path in paths:
@@ -256,7 +256,7 @@ def register() -> None:
     if os.environ.get(SHARD_WRITER_ENV) == "1":
         _keep_cpu_linear_weights()
     directory = os.environ.get(REPORT_DIR_ENV)
-    from ray_stream_llm.integrations import compile_cache  # the AOT load fix; compile figures
+    from ray_stream_llm.integrations.vllm import compile_cache  # the AOT load fix; compile figures
 
     compile_cache.install(directory)
     if directory:

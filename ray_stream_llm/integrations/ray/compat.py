@@ -3,7 +3,7 @@ difference between the Ray versions it supports (2.48.0 to 2.60.0) absorbed here
 
 Imported at build time and in the stage actors only: Ray's stage modules import torch.
 Nothing here imports Ray's engine stage, which imports vLLM: the tokenizer-side stage
-actors never load vLLM (:mod:`ray_stream_llm.integrations.engine_stage` has the engine's
+actors never load vLLM (:mod:`ray_stream_llm.integrations.ray.engine_stage` has the engine's
 differences).
 Differences are found by feature detection (fields, signatures, attributes), not by
 version tables; the only version test is the supported range itself
@@ -19,7 +19,7 @@ version tables; the only version test is the supported range itself
   ``resources_per_bundle``.
 - Ray 2.48-2.50's engine wrapper calls the vLLM API of its day (``task=``,
   ``VLLM_USE_V1``, ``GuidedDecodingParams``, ``vllm.inputs.data``), which vLLM removed;
-  with such a vLLM :mod:`~ray_stream_llm.integrations.engine_stage` builds the same v1
+  with such a vLLM :mod:`~ray_stream_llm.integrations.ray.engine_stage` builds the same v1
   engine the new way. Ray's tokenizer cache reads ``all_special_tokens_extended``, which
   transformers 5 removed.
 """
@@ -39,7 +39,7 @@ from ray.llm._internal.batch.processor.vllm_engine_proc import build_vllm_engine
 from ray.llm._internal.batch.stages.chat_template_stage import ChatTemplateUDF
 from ray.llm._internal.batch.stages.tokenize_stage import DetokenizeUDF, TokenizeUDF
 
-from ray_stream_llm.integrations.ray_version import SUPPORTED_RAY, TESTED_RAY, check_ray_version
+from ray_stream_llm.integrations.ray.version import SUPPORTED_RAY, TESTED_RAY, check_ray_version
 
 try:  # Ray >= 2.53
     from ray.llm._internal.batch.stages.prepare_multimodal_stage import PrepareMultimodalUDF

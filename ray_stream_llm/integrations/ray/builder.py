@@ -5,8 +5,8 @@ Imported at build time only: Ray's stage modules import torch.
 The streamed build checks the model on the driver (``inspect_model``), fetches its
 metadata there, reuses Ray's own builder for the stage graph over the local
 directory, then swaps each stage's UDF for its streaming subclass
-(:mod:`ray_stream_llm.integrations.udfs`; the engine's in
-:mod:`~ray_stream_llm.integrations.engine_udf`), which fetches the same metadata on its
+(:mod:`ray_stream_llm.integrations.ray.udfs`; the engine's in
+:mod:`~ray_stream_llm.integrations.ray.engine_udf`), which fetches the same metadata on its
 own node (deterministic directory, one download per node). The store's settings
 reach every stage through its runtime_env (:mod:`.runtime_env`).
 """
@@ -22,7 +22,7 @@ import ray
 
 from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig
 from ray_stream_llm.errors import InvalidSettingError, UnsupportedRayError
-from ray_stream_llm.integrations.compat import (
+from ray_stream_llm.integrations.ray.compat import (
     HAS_PLACEMENT_GROUP_CONFIG,
     MODEL_FREE_UDFS,
     SUPPORTED_RAY,
@@ -33,11 +33,10 @@ from ray_stream_llm.integrations.compat import (
     ray_builds_with,
     vllm_is_cpu_build,
 )
-from ray_stream_llm.integrations.engine_stage import vLLMEngineStageUDF
-from ray_stream_llm.integrations.engine_udf import StreamingvLLMEngineStageUDF
-from ray_stream_llm.integrations.node_weights import DEFAULT_BASE, Sharing
-from ray_stream_llm.integrations.runtime_env import deliver_env, scoped_env, store_updates
-from ray_stream_llm.integrations.udfs import (
+from ray_stream_llm.integrations.ray.engine_stage import vLLMEngineStageUDF
+from ray_stream_llm.integrations.ray.engine_udf import StreamingvLLMEngineStageUDF
+from ray_stream_llm.integrations.ray.runtime_env import deliver_env, scoped_env, store_updates
+from ray_stream_llm.integrations.ray.udfs import (
     PrepareMultimodalUDF,
     SecretEnv,
     StreamingChatTemplateUDF,
@@ -48,6 +47,7 @@ from ray_stream_llm.integrations.udfs import (
 from ray_stream_llm.preflight import preflight
 from ray_stream_llm.stores.settings import StoreSettings, derive_settings
 from ray_stream_llm.uri import parse_model_uri
+from ray_stream_llm.weights.region import DEFAULT_BASE, Sharing
 
 logger = logging.getLogger(__name__)
 
@@ -313,7 +313,7 @@ def build_streaming_processor(
 ) -> Processor:
     """The registered builder of ``StreamingvLLMEngineProcessorConfig``; ``driver_dir`` is
     what :func:`ray_stream_llm.preflight.preflight` returned, when it already ran. The
-    Ray version was checked by the caller (:func:`ray_stream_llm.integrations.registry`)."""
+    Ray version was checked by the caller (:func:`ray_stream_llm.integrations.ray.registry`)."""
     settings = derive_settings(config.object_store)
     secrets = {name: settings.env[name] for name in settings.secret_env}
     secret_env = SecretEnv(secrets) if secrets else None

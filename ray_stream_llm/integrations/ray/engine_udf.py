@@ -17,11 +17,25 @@ from typing import Any
 
 from ray_stream_llm.errors import EngineStartError, RayStreamLLMError, WeightLoadError
 from ray_stream_llm.fetch import FetchReport, fetch_metadata_report
-from ray_stream_llm.integrations import compile_store, memory
-from ray_stream_llm.integrations.compat import vllm_is_cpu_build
-from ray_stream_llm.integrations.compile_cache import REPORT_DIR_ENV, collect, figures
-from ray_stream_llm.integrations.engine_stage import engine_stage_shims, vLLMEngineStageUDF
-from ray_stream_llm.integrations.node_weights import (
+from ray_stream_llm.integrations.ray.compat import vllm_is_cpu_build
+from ray_stream_llm.integrations.ray.engine_stage import engine_stage_shims, vLLMEngineStageUDF
+from ray_stream_llm.integrations.ray.progress import progress_enabled
+from ray_stream_llm.integrations.ray.telemetry import job_id, node_ip, publish, store_failure
+from ray_stream_llm.integrations.ray.udfs import SecretEnv, _prepare, local_metadata
+from ray_stream_llm.integrations.vllm import compile_store
+from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV, collect, figures
+from ray_stream_llm.integrations.vllm.plugin import plugin_inactive_reason, streamer_settings
+from ray_stream_llm.integrations.vllm.shm import (
+    remove_orphaned_segments,
+    segments_of,
+    spawn_janitor,
+)
+from ray_stream_llm.integrations.vllm.stream_watch import StreamWatcher, from_streamer, root_cause
+from ray_stream_llm.redact import redact
+from ray_stream_llm.reports import build_report
+from ray_stream_llm.uri import ModelURI, parse_model_uri
+from ray_stream_llm.weights import memory
+from ray_stream_llm.weights.region import (
     NodeWeights,
     Sharing,
     pull_status,
@@ -29,15 +43,6 @@ from ray_stream_llm.integrations.node_weights import (
     unshared,
     wait_all,
 )
-from ray_stream_llm.integrations.progress import progress_enabled
-from ray_stream_llm.integrations.shm import remove_orphaned_segments, segments_of, spawn_janitor
-from ray_stream_llm.integrations.stream_watch import StreamWatcher, from_streamer, root_cause
-from ray_stream_llm.integrations.telemetry import job_id, node_ip, publish, store_failure
-from ray_stream_llm.integrations.udfs import SecretEnv, _prepare, local_metadata
-from ray_stream_llm.integrations.vllm_plugin import plugin_inactive_reason, streamer_settings
-from ray_stream_llm.redact import redact
-from ray_stream_llm.reports import build_report
-from ray_stream_llm.uri import ModelURI, parse_model_uri
 
 logger = logging.getLogger(__name__)
 
@@ -53,13 +58,13 @@ def cpu_kv_cache_default(engine_kwargs: dict[str, Any]) -> dict[str, Any]:
 
     Available means what this process may use: the least of the host's available memory
     and its cgroups' headroom (a container's limit), less the bytes still to come into
-    the node's shared weights (:func:`ray_stream_llm.integrations.memory.available_for_engine`).
+    the node's shared weights (:func:`ray_stream_llm.weights.memory.available_for_engine`).
     """
     if not vllm_is_cpu_build() or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         return engine_kwargs
     if any(engine_kwargs.get(name) is not None for name in _KV_CACHE_SETTINGS):
         return engine_kwargs
-    from ray_stream_llm.integrations.node_weights import DEFAULT_BASE
+    from ray_stream_llm.weights.region import DEFAULT_BASE
 
     available, where = memory.available_for_engine(Path(DEFAULT_BASE))
     size = memory.kv_cache_default_bytes(available)

@@ -11,7 +11,7 @@ with the job's store settings, through the store backends' ``write``)::
 key: the model's metadata as fetched (config, tokenizer...: its names, sizes and CRC32s),
 the vLLM and torch versions and the device kind. ``<hash>`` is vLLM's own key
 (``aot_compile_hash_factors``, made location-free by
-:mod:`~ray_stream_llm.integrations.compile_cache`), so an artifact is only ever loaded by
+:mod:`~ray_stream_llm.integrations.vllm.compile_cache`), so an artifact is only ever loaded by
 an engine whose config vLLM would have keyed alike.
 
 Before vLLM starts, the engine actor fetches every complete artifact of its key that the
@@ -54,7 +54,7 @@ def cache_key(metadata_dir: str) -> str | None:
     import torch
     import vllm
 
-    from ray_stream_llm.integrations.compile_cache import metadata_identity
+    from ray_stream_llm.integrations.vllm.compile_cache import metadata_identity
 
     identity = metadata_identity(metadata_dir)
     if identity is None:

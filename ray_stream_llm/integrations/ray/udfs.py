@@ -2,7 +2,7 @@
 tokenize, detokenize, multimodal preparation), each first fetching the model's metadata
 on its node, starting the node's shared pull where the weights are shared, and handing
 Ray the local directory; and what the engine UDF
-(:mod:`ray_stream_llm.integrations.engine_udf`) shares with them. Nothing here imports
+(:mod:`ray_stream_llm.integrations.ray.engine_udf`) shares with them. Nothing here imports
 vLLM: these actors never load it.
 """
 
@@ -14,16 +14,16 @@ import os
 from typing import Any
 
 from ray_stream_llm.fetch import fetch_metadata_report
-from ray_stream_llm.integrations.compat import (
+from ray_stream_llm.integrations.ray.compat import (
     ChatTemplateUDF,
     DetokenizeUDF,
     PrepareMultimodalUDF,
     TokenizeUDF,
     ray_stage_shims,
 )
-from ray_stream_llm.integrations.node_weights import NodeWeights, Sharing
 from ray_stream_llm.stores.settings import ObjectStoreConfig
 from ray_stream_llm.uri import looks_like_uri, parse_model_uri
+from ray_stream_llm.weights.region import NodeWeights, Sharing
 
 logger = logging.getLogger(__name__)
 
