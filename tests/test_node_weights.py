@@ -59,6 +59,46 @@ def _weights(s3_server, tiny_models, name):
     return model, parse_model_uri(model.uri), report.weight_objects
 
 
+def test_each_weight_source_gives_vllm_its_weights_and_lets_go(
+    s3_server, s3_env, tiny_models, base
+):
+    """The engine actor's view (weights.source): without sharing, the store's URI and each
+    file's size; with it, the node's region, prepared whole (the files equal the store's),
+    its pull's status, and gone once released; a region the pull gave up ('auto') hands the
+    engine over to the store, saying why."""
+    from ray_stream_llm.weights import source
+
+    model = copy_model(s3_server, tiny_models["sharded"], "sources")
+    uri = parse_model_uri(model.uri)
+    fetched = fetch_metadata_report(model.uri)
+    store = source.acquire(uri, fetched, None)
+    assert (store.model_weights, store.sharing, store.fills_while_read) == (model.uri, "off", False)
+    assert store.prepare() is store and store.pull() is None
+    assert store.sizes() == dict(fetched.streamable)
+
+    shared = source.acquire(uri, fetched, Sharing("node", base=str(base)))
+    region = Path(shared.model_weights)
+    assert (region.parent.parent, shared.sharing, shared.fills_while_read) == (base, "node", True)
+    assert shared.prepare(whole=True) is shared  # every file complete on return
+    for o in fetched.weight_objects:
+        assert (region / o.path).read_bytes() == (model.local / o.path).read_bytes()
+    assert shared.sizes() == {str(region / o.path): o.size for o in fetched.weight_objects}
+    assert shared.pull()["bytes"] == sum(o.size for o in fetched.weight_objects)
+    shared.release()
+    shared.release()  # idempotent
+    _wait_gone(region)
+
+    given_up = source.acquire(uri, fetched, Sharing("node", base=str(base)))
+    region = Path(given_up.model_weights)
+    # the mark an 'auto' pull leaves when the region no longer fits (tests/test_region_trust.py
+    # makes a pull leave it for real)
+    (region / node_weights.UNSHARED).write_text("not pulled: it no longer fits")
+    fallback = given_up.prepare()
+    assert fallback.model_weights == model.uri
+    assert fallback.sharing == "off: not pulled: it no longer fits"
+    _wait_gone(region)  # the engine let go of it: the last reference
+
+
 def test_one_pull_each_range_once_and_files_equal(s3_server, s3_env, tiny_models, base):
     model, uri, objects = _weights(s3_server, tiny_models, "share")
     log = AccessLog(s3_server)

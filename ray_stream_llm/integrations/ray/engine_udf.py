@@ -33,16 +33,10 @@ from ray_stream_llm.integrations.vllm.shm import (
 from ray_stream_llm.integrations.vllm.stream_watch import StreamWatcher, from_streamer, root_cause
 from ray_stream_llm.redact import redact
 from ray_stream_llm.reports import build_report
-from ray_stream_llm.uri import ModelURI, parse_model_uri
+from ray_stream_llm.uri import parse_model_uri
 from ray_stream_llm.weights import memory
-from ray_stream_llm.weights.region import (
-    NodeWeights,
-    Sharing,
-    pull_status,
-    start_pull,
-    unshared,
-    wait_all,
-)
+from ray_stream_llm.weights.region import Sharing
+from ray_stream_llm.weights.source import WeightSource, acquire
 
 logger = logging.getLogger(__name__)
 
@@ -111,9 +105,7 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         begin = time.perf_counter()
         uri_text = model
         fetched: FetchReport | None = None
-        region: str | None = None
-        shared = "off"
-        self._node_weights: NodeWeights | None = None
+        self._weights: WeightSource | None = None
         _prepare(secret_env, False, None)  # logging and secrets; the fetch is next
         engine_kwargs = cpu_kv_cache_default(engine_kwargs)
         if stream:
@@ -124,11 +116,12 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
             uri = parse_model_uri(model)
             fetched = fetch_metadata_report(uri)
             engine_kwargs = dict(engine_kwargs)
-            engine_kwargs["model_weights"] = str(uri)  # vLLM then skips its own pull
             engine_kwargs.setdefault("served_model_name", model)
-            region, shared = self._share(uri, fetched, sharing)
-            if region is not None:  # every engine of the node streams the node's one pull
-                engine_kwargs["model_weights"] = region
+            try:  # the node's region where the weights are shared, else the store
+                self._weights = acquire(uri, fetched, sharing)
+            except RayStreamLLMError as exc:  # 'node' asked for, and it cannot fit
+                store_failure(exc)  # for ray_stream_llm.typed_errors() on the driver
+                raise
             if "tokenizer" in engine_kwargs:
                 engine_kwargs["tokenizer"] = local_metadata(engine_kwargs["tokenizer"])
             model = str(fetched.path)
@@ -137,13 +130,10 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
             compile_store.fetch(compile_cache_uri, compile_key, compile_store.aot_root(), None)
         attempts = 1 + max(0, load_retries)
         for attempt in range(1, attempts + 1):
-            if stream and region is not None and fetched is not None:
-                start_pull(Path(region), parse_model_uri(uri_text), fetched.weight_objects)
-                self._wait_without_plugin(region)
-                if (why := unshared(region)) is not None:  # 'auto' gave it up: the store
-                    engine_kwargs["model_weights"] = str(parse_model_uri(uri_text))
-                    self._release_region()
-                    region, shared = None, f"off: {why}"
+            if self._weights is not None:  # vLLM then skips its own pull and streams these
+                whole = self._weights.fills_while_read and self._plugin_missing()
+                self._weights = self._weights.prepare(whole=whole)
+                engine_kwargs["model_weights"] = self._weights.model_weights
             watcher = StreamWatcher(uri_text, progress=progress_enabled())
             try:
                 with watcher, engine_stage_shims():
@@ -183,12 +173,12 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
                     ready_seconds=ready_seconds,
                     fetched=fetched,
                     sessions=watcher.sessions,
-                    sizes=_sizes(fetched, region),
+                    sizes=self._weights.sizes() if self._weights else {},
                     job_id=job_id(),
                     node_ip=node_ip(),
                     actor_settings=streamer_settings(),
-                    weight_sharing=shared,
-                    pull=pull_status(region) if region else None,
+                    weight_sharing=self._weights.sharing if self._weights else "off",
+                    pull=self._weights.pull() if self._weights else None,
                     **compiled,
                 )
             )
@@ -198,38 +188,21 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
             return
 
     @staticmethod
-    def _wait_without_plugin(region: str) -> None:
-        """Where vLLM will not run this library's plugin in the engine's processes (which
-        makes them wait for each region file's completion mark), wait here for every mark
-        before vLLM starts: an engine never reads a file still being written."""
+    def _plugin_missing() -> bool:
+        """Whether vLLM will not run this library's plugin in the engine's processes (which
+        makes them wait for each region file's completion mark): then the source waits for
+        every file before vLLM starts, so that an engine never reads one still being
+        written."""
         reason = plugin_inactive_reason()
         if reason is None:
-            return
+            return False
         logger.warning(
             "%s: the engine waits for the whole shared pull before it starts streaming", reason
         )
-        wait_all(region)
+        return True
 
-    def _share(
-        self, uri: ModelURI, fetched: FetchReport, sharing: Sharing | None
-    ) -> tuple[str | None, str]:
-        """The node's region to stream from, and what the load report says of sharing."""
-        if sharing is None or sharing.mode != "node":
-            return None, "off"
-        self._node_weights = NodeWeights(uri, fetched.weight_objects, sharing)
-        try:
-            region = self._node_weights.acquire()
-        except RayStreamLLMError as exc:  # WeightSharingError: asked for, and it cannot fit
-            store_failure(exc)  # for ray_stream_llm.typed_errors() on the driver
-            raise
-        if region is None:
-            reason = self._node_weights.reason
-            self._node_weights = None
-            return None, f"off: {reason}"
-        return region, "node"
-
-    def _release_region(self) -> None:
-        weights, self._node_weights = self._node_weights, None
+    def _release_weights(self) -> None:
+        weights, self._weights = self._weights, None
         if weights is not None:
             weights.release()
 
@@ -252,18 +225,8 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         rpc = getattr(self, "_rpc_dir", None)
         if rpc is not None:
             shutil.rmtree(rpc, ignore_errors=True)
-        if hasattr(self, "_node_weights"):
-            self._release_region()  # the last engine of the node removes the region
-
-
-def _sizes(fetched: FetchReport | None, region: str | None) -> dict[str, int]:
-    """Each weight file the engine may stream (its URI, or its path in the node's region)
-    and its size in the store."""
-    if fetched is None:
-        return {}
-    if region is None:
-        return dict(fetched.streamable)
-    return {os.path.join(region, o.path): o.size for o in fetched.weight_objects}
+        if hasattr(self, "_weights"):
+            self._release_weights()  # the last engine of the node removes the region
 
 
 def _cause(exc: BaseException, watcher: StreamWatcher) -> str:
