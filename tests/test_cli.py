@@ -195,7 +195,8 @@ def test_run_jsonl_to_parquet_keeps_input_columns(tiny_models, s3_server):
 @pytest.mark.engine
 def test_bench_prints_the_table_and_writes_perf_metrics():
     """`ray-stream-llm bench` end to end, scaled down (2 layers, one run): its own S3 server,
-    both cold starts, the throughput pair and the metadata fetches."""
+    the three cold starts (streamed, downloaded, streamed compiling), the throughput pair and
+    the metadata fetches."""
     work = Path(tempfile.mkdtemp(prefix="rsl-bench-", dir="/tmp"))
     try:
         env = {
@@ -228,9 +229,15 @@ def test_bench_prints_the_table_and_writes_perf_metrics():
         assert {f"metadata.{n}_shards.seconds" for n in (1, 10, 100)} <= set(metrics)
         run = json.loads((work / "out.json").read_text())["runs"][0]
         streamed, downloaded = run["cold_start"]["streamed"], run["cold_start"]["downloaded"]
-        assert streamed["rows"] == downloaded["rows"] == 8
+        compiled = run["cold_start"]["streamed_compiled"]
+        assert streamed["rows"] == downloaded["rows"] == compiled["rows"] == 8
         # ignore_eos: every row generates exactly the fixed number of tokens
         assert streamed["generated_tokens"] == downloaded["generated_tokens"] == 8 * 16
+        # a user's default start compiles (a fresh HOME: nothing cached); the eager ones do not
+        assert compiled["compile_cache"] == "miss" and compiled["compile_seconds"] > 0
+        assert metrics["cold_start.streamed_compiled.compile_seconds"] > 0
+        assert "cold_start.streamed.compile_seconds" not in metrics
+        assert streamed["compile_cache"] is None
         # the downloaded run wrote the weights to local disk, the streamed one only metadata
         model_bytes = sum(
             p.stat().st_size

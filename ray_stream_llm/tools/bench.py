@@ -4,9 +4,12 @@ Three benchmarks, each run against one object store in one process, so that
 the figures they compare share the machine, the store and the model:
 
 ``cold_start``
-    The same job twice, each in a fresh Ray cluster and a fresh, isolated HOME
-    (so every cache starts empty): once streamed (``runai_streamer``), once
-    downloaded (vLLM's default load format, which makes Ray download the model).
+    The same job three times, each in a fresh Ray cluster and a fresh, isolated HOME
+    (so every cache starts empty): streamed (``runai_streamer``) and downloaded (vLLM's
+    default load format, which makes Ray download the model), both with
+    ``enforce_eager`` (the weights' path compared alone), then streamed with vLLM's
+    default engine arguments (``streamed_compiled``: it compiles, as a user's default
+    start does; the compile's seconds from the load report).
     Processor build seconds, seconds to engine ready (the engine's load report),
     seconds to the first output row, total seconds, and local-disk bytes written
     (every file the job left in its HOME and TMPDIR: the caches).
@@ -215,6 +218,15 @@ def generate_sharded_weights(dest: Path, shards: int, shard_bytes: int) -> Path:
 # --- one job in an isolated environment -------------------------------------------------
 
 
+# (variant, load format, engine arguments over the job's): the weights' two paths with
+# enforce_eager, then a user's default start (vLLM compiles)
+COLD_START_VARIANTS: tuple[tuple[str, str | None, dict[str, Any]], ...] = (
+    ("streamed", "runai_streamer", {}),
+    ("downloaded", None, {}),
+    ("streamed_compiled", "runai_streamer", {"enforce_eager": False}),
+)
+
+
 def cold_start(
     model_uri: str,
     store_env: dict[str, str],
@@ -224,9 +236,11 @@ def cold_start(
     engine_kwargs: dict[str, Any] | None = None,
     prompts: Sequence[str] = PROMPTS,
 ) -> dict[str, dict[str, float]]:
-    """Streamed, then downloaded, the same job on the same model and store."""
+    """Streamed, downloaded, then streamed compiling: the same job on the same model and
+    store (the first two with ``enforce_eager``, the job's default here; the third with
+    vLLM's default, ``enforce_eager=False``)."""
     results = {}
-    for variant, load_format in (("streamed", "runai_streamer"), ("downloaded", None)):
+    for variant, load_format, variant_kwargs in COLD_START_VARIANTS:
         work = Path(tempfile.mkdtemp(prefix=f"{variant}-", dir=workdir))
         try:
             out = run_isolated_job(
@@ -238,7 +252,7 @@ def cold_start(
                     "max_tokens": MAX_TOKENS,
                     "sampling": SAMPLING,
                     "num_cpus": num_cpus,
-                    "engine_kwargs": engine_kwargs,
+                    "engine_kwargs": {**(engine_kwargs or {}), **variant_kwargs},
                 },
                 store_env,
             )
@@ -258,6 +272,9 @@ def cold_start(
             "stream_gib_per_s": report.get("gib_per_s") or float("nan"),
             "metadata_seconds": report.get("metadata_seconds", float("nan")),
             "weight_seconds": report.get("stream_seconds") or float("nan"),
+            # None (NaN here) when nothing compiled: enforce_eager
+            "compile_seconds": report.get("compile_seconds") or float("nan"),
+            "compile_cache": report.get("compile_cache"),
         }
     return results
 
@@ -417,6 +434,9 @@ def _figures(run: dict[str, Any]) -> list[tuple[str, float, str, str]]:
                 "LATENCY",
             ),
         ]
+        compiled = figures.get("compile_seconds", math.nan)
+        if not math.isnan(compiled):  # NaN: nothing compiled (enforce_eager)
+            rows.append((f"cold_start.{variant}.compile_seconds", compiled, "s", "LATENCY"))
     if "streamed" in run.get("cold_start", {}):
         rows.append(
             (
@@ -557,7 +577,7 @@ def run_all(
     for k in range(1, repeat + 1):
         run: dict[str, Any] = {}
         if "cold-start" in suites:
-            progress(f"Run {k}/{repeat}: cold start (streamed, then downloaded) ...")
+            progress(f"Run {k}/{repeat}: cold start (streamed, downloaded, streamed compiling) ...")
             run["cold_start"] = cold_start(
                 store.model_uri, store.env, workdir, num_cpus=num_cpus, engine_kwargs=engine_kwargs
             )
