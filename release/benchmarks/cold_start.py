@@ -4,8 +4,8 @@ Processor build seconds, seconds to engine ready, to the first output row, total
 seconds, and local-disk bytes written, for ``runai_streamer`` and for vLLM's default
 load format (Ray downloads the model), both with ``enforce_eager``; then streamed with
 vLLM's default engine arguments (it compiles: the compile's seconds too). Each variant
-runs in a fresh local Ray cluster with an empty HOME. Run: ``pytest release/benchmarks/cold_start.py`` or
-``python release/benchmarks/cold_start.py``.
+runs in a fresh local Ray cluster with an empty HOME. Run:
+``pytest release/benchmarks/cold_start.py`` or ``python release/benchmarks/cold_start.py``.
 """
 
 import os
