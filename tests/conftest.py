@@ -129,7 +129,6 @@ def sharded_job(s3_server: LocalS3Server, tiny_models: dict[str, UploadedModel])
     in the config (endpoint ``localhost``), the driver's environment with no AWS variable.
     Run once for the session: tests/test_faults.py proves the slow store and the settings
     with it, tests/test_sharing.py takes its answers as the unshared control."""
-    from helpers.faultproxy import FaultProxy
     from helpers.jobs import (
         SHARDED_MAX_TOKENS,
         SHARDED_QUESTIONS,
@@ -138,10 +137,12 @@ def sharded_job(s3_server: LocalS3Server, tiny_models: dict[str, UploadedModel])
         store_through,
     )
 
+    from ray_stream_llm.tools.link import Link
+
     model = tiny_models["sharded"]
     work = Path(tempfile.mkdtemp(prefix="rsl-job-", dir="/tmp"))  # short: Ray socket paths
     try:
-        with FaultProxy(s3_server.port, latency=0.05) as proxy:
+        with Link(s3_server.port, latency=0.05) as proxy:
             store = store_through(s3_server, proxy.endpoint_url.replace("127.0.0.1", "localhost"))
             before = s3_server.served()
             out, written, seconds = run_isolated(

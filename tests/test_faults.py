@@ -10,9 +10,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from helpers.faultproxy import FaultProxy
 from helpers.jobs import SHARDED_MAX_TOKENS, SHARDED_QUESTIONS, run_isolated, store_through
 from helpers.models import UploadedModel
+
+from ray_stream_llm.tools.link import Link
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e, pytest.mark.engine]
 QUESTIONS = ["What is 2+2?", "Name three primary colors.", "Say hello in French."]
@@ -37,7 +38,7 @@ def test_store_drops_mid_stream_and_returns_within_retry_budget(s3_server, tiny_
     vLLM takes to start again on the machine: the count is printed, not asserted."""
     model = tiny_models["single"]
     cut_after_bytes, metadata, weights = _mid_weights(model)
-    with FaultProxy(s3_server.port, cut_after_bytes=cut_after_bytes, down_for=20) as proxy:
+    with Link(s3_server.port, cut_after_bytes=cut_after_bytes, down_for=20) as proxy:
         start = time.monotonic()
         out, written, seconds = run_isolated(
             s3_server,
@@ -72,7 +73,7 @@ def test_store_stays_away_fails_with_the_cause(s3_server, tiny_models, work):
     the store's state in the message; no row is reported as done."""
     model = tiny_models["single"]
     cut_after_bytes, metadata, weights = _mid_weights(model)
-    with FaultProxy(s3_server.port, cut_after_bytes=cut_after_bytes, down_for=None) as proxy:
+    with Link(s3_server.port, cut_after_bytes=cut_after_bytes, down_for=None) as proxy:
         start = time.monotonic()
         out, written, seconds = run_isolated(
             s3_server,

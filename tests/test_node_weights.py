@@ -14,12 +14,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers.faultproxy import FaultProxy
 from helpers.s3log import AccessLog, copy_model, prefix_of
 
 from ray_stream_llm.errors import WeightSharingError
 from ray_stream_llm.fetch import fetch_metadata_report
 from ray_stream_llm.stores import ObjectInfo
+from ray_stream_llm.tools.link import Link
 from ray_stream_llm.uri import parse_model_uri
 from ray_stream_llm.weights import region as node_weights
 from ray_stream_llm.weights.region import NodeWeights, Sharing, wait_for
@@ -182,7 +182,7 @@ def test_a_dead_puller_is_taken_over(s3_server, s3_env, tiny_models, base):
     """The puller is killed mid-pull (a slow link): the waiting reader takes the pull over
     and every file completes with the store's bytes."""
     model, uri, objects = _weights(s3_server, tiny_models, "share-takeover")
-    with FaultProxy(s3_server.port, latency=0.3) as proxy:
+    with Link(s3_server.port, latency=0.3) as proxy:
         env = {**os.environ, "AWS_ENDPOINT_URL": proxy.endpoint_url}
         code = textwrap.dedent(f"""
             from ray_stream_llm.fetch import fetch_metadata_report

@@ -26,7 +26,7 @@ from ray_stream_llm.errors import InvalidSettingError, NotStreamableError
 from ray_stream_llm.fetch import fetch_metadata_report
 from ray_stream_llm.integrations.vllm import shm
 from ray_stream_llm.manifest import inspect_model
-from ray_stream_llm.tools.throttle import Throttle
+from ray_stream_llm.tools.link import Link
 from ray_stream_llm.uri import parse_model_uri
 from ray_stream_llm.weights import region as node_weights
 from ray_stream_llm.weights.region import NodeWeights, Sharing, wait_for
@@ -44,10 +44,10 @@ def base():
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _slow_link(s3_server, monkeypatch, rate: float) -> Throttle:
+def _slow_link(s3_server, monkeypatch, rate: float) -> Link:
     """The store behind a capped link, for every client this process makes from now on (the
     first MiB passes at once, the rest at ``rate``)."""
-    link = Throttle(s3_server.port, rate)
+    link = Link(s3_server.port, rate=rate)
     monkeypatch.setenv("AWS_ENDPOINT_URL", link.endpoint_url)
     return link
 
@@ -176,7 +176,7 @@ def test_an_object_replaced_mid_pull_fails_by_name_and_is_never_marked_done(
     monkeypatch.setattr(node_weights, "CHUNK", 256 << 10)
     monkeypatch.setattr(node_weights, "WORKERS", 2)
     assert obj.size > 6 * node_weights.CHUNK
-    link = Throttle(s3_server.port, 256 << 10, burst=64 << 10)
+    link = Link(s3_server.port, rate=256 << 10, burst=64 << 10)
     monkeypatch.setenv("AWS_ENDPOINT_URL", link.endpoint_url)
     with link:
         weights = NodeWeights(parse_model_uri(model.uri), report.weight_objects,

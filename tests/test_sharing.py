@@ -19,7 +19,7 @@ import pytest
 from helpers.jobs import SHARDED_MAX_TOKENS, SHARDED_QUESTIONS, run_isolated, store_through
 from helpers.s3log import AccessLog, copy_model, prefix_of
 
-from ray_stream_llm.tools.throttle import Throttle
+from ray_stream_llm.tools.link import Link
 from ray_stream_llm.weights.region import CHUNK, DEFAULT_BASE
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e, pytest.mark.engine]
@@ -71,13 +71,13 @@ def _nothing_left() -> None:
         time.sleep(0.5)
 
 
-def _slow_link(s3_server) -> Throttle:
+def _slow_link(s3_server) -> Link:
     # 16 KB/s after a first 64 KB: the 1.6 MB of weights take about 100 s, longer than an
     # engine takes to reach its weights, so engines stream while the region still fills
-    return Throttle(s3_server.port, 16 << 10, burst=64 << 10)
+    return Link(s3_server.port, rate=16 << 10, burst=64 << 10)
 
 
-def _through(s3_server, link: Throttle) -> dict:
+def _through(s3_server, link: Link) -> dict:
     # a link this slow needs a larger store budget than the default 30 s, as a user's
     # would: a 0.5 MB object takes 32 s (the pull's error says to raise timeout_s)
     return {**store_through(s3_server, link.endpoint_url), "timeout_s": 300}

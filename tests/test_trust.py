@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.faultproxy import FaultProxy
 from helpers.models import list_files
 from helpers.s3log import AccessLog, copy_model, prefix_of
 from pydantic import ValidationError
@@ -28,6 +27,7 @@ from ray_stream_llm.errors import (
 )
 from ray_stream_llm.fetch import MARKER, fetch_metadata_report
 from ray_stream_llm.stores.settings import derive_settings
+from ray_stream_llm.tools.link import Link
 from ray_stream_llm.uri import parse_model_uri
 
 pytestmark = [pytest.mark.s3]
@@ -106,7 +106,7 @@ def test_fetch_killed_mid_download_leaves_nothing_half_done(s3_server, s3_env, t
     a complete one, and the next fetch publishes it whole and removes the staging dir."""
     model = copy_model(s3_server, tiny_models["hub-mirror"], "killed")
     cache = Path(s3_env["RAY_STREAM_LLM_CACHE"])
-    with FaultProxy(s3_server.port, latency=0.5) as proxy:
+    with Link(s3_server.port, latency=0.5) as proxy:
         code = textwrap.dedent(f"""
             from ray_stream_llm import ObjectStoreConfig, fetch_model_metadata
             fetch_model_metadata({model.uri!r}, object_store=ObjectStoreConfig(

@@ -1,7 +1,7 @@
 """The node-sharing benchmark: plain streaming, Ray's download path and shared streaming,
 with 1 and with 2 engines on one node, side by side, behind one capped link.
 
-The store is reached through :class:`~ray_stream_llm.tools.throttle.Throttle`, which
+The store is reached through :class:`~ray_stream_llm.tools.link.Link`, which
 stands for the node's share of a real store's link (``rate`` bytes/s, 100 MiB/s by
 default): on loopback, with no cap, a store is as fast as local memory and the weights
 hide behind fixed costs. Each job runs cold, in its own isolated HOME and Ray cluster
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_stream_llm.tools.bench_job import MAX_TOKENS, PROMPTS, SAMPLING, run_isolated_job
-from ray_stream_llm.tools.throttle import Throttle
+from ray_stream_llm.tools.link import Link
 
 PATHS = ("streamed", "downloaded", "shared")
 ENGINES = (1, 2)
@@ -75,7 +75,7 @@ def node_sharing(
                 out = run_isolated_job(work, spec, store_env)
                 served = _reported_bytes(out["load_reports"])
             else:
-                with Throttle(store_port, rate) as link:
+                with Link(store_port, rate=rate) as link:
                     out = run_isolated_job(work, spec, link.store_env(store_env))
                     served = link.bytes_down
             reports = out["load_reports"]

@@ -3,7 +3,7 @@ compile cache shipped through the store, with 1 and with 2 engines, side by side
 
 vLLM's default engine arguments (it compiles); weights shared on the node
 (``weight_sharing="node"``) and kept warm (``keep_warm_s``); ``compile_cache_uri`` on the
-benchmark store. The store is reached through a capped link (:mod:`.throttle`, 100 MiB/s),
+benchmark store. The store is reached through a capped link (:mod:`.link`, 100 MiB/s),
 as in the node-sharing benchmark. Per engine count, three jobs, each in its own Ray
 cluster:
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_stream_llm.tools.bench_job import MAX_TOKENS, PROMPTS, SAMPLING, run_isolated_job
-from ray_stream_llm.tools.throttle import Throttle
+from ray_stream_llm.tools.link import Link
 
 SCENARIOS = ("cold", "warm", "fresh")
 ENGINES = (1, 2)
@@ -101,7 +101,7 @@ def warm_starts(
             if store_port is None:
                 out, carried = run_isolated_job(home, spec, env), math.nan
             else:
-                with Throttle(store_port, rate) as link:
+                with Link(store_port, rate=rate) as link:
                     out = run_isolated_job(home, spec, link.store_env(env))
                     carried = link.bytes_down
             results[f"{scenario}.{n}"] = figures(out, carried)

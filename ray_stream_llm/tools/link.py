@@ -1,6 +1,17 @@
-"""A TCP proxy on 127.0.0.1 in front of the S3 server that injects faults: it cuts every
-connection once a number of response bytes has gone through and then refuses connections
-for a while (or for good), and it can add latency to every request chunk."""
+"""A TCP proxy on 127.0.0.1 that stands for the link between a node and its store: the one
+proxy of the benchmarks and the fault tests.
+
+Every connection through one :class:`Link` shares what it is given:
+
+- ``rate`` (bytes/s, with ``burst``): one token bucket for the bytes the store sends, a
+  node's share of a real store's link (the benchmarks);
+- ``latency`` (s): a delay before each chunk the client sends (a slow store);
+- ``cut_after_bytes``: once that many bytes came down, every open connection is reset and
+  new ones are refused, for ``down_for`` seconds (None: for good): a store that drops.
+
+``bytes_down`` counts what the store sent through it; ``refused`` the connections refused
+while it was down. (Per-object bytes need HTTP: :mod:`.shard_proxy`.)
+"""
 
 from __future__ import annotations
 
@@ -11,41 +22,60 @@ import time
 
 
 def _reset(sock: socket.socket) -> None:
+    """Close with a TCP RST, as a dropped link does."""
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         sock.close()
     except OSError:
         pass
 
 
-class FaultProxy:
+class Link:
+    """``with Link(upstream_port, rate=...) as link:`` then use ``link.endpoint_url`` (or
+    ``link.store_env(env)``)."""
+
     def __init__(
         self,
         upstream_port: int,
         *,
+        rate: float | None = None,
+        burst: int = 1 << 20,
+        latency: float = 0.0,
         cut_after_bytes: int | None = None,
         down_for: float | None = None,
-        latency: float = 0.0,
     ):
         self.upstream = ("127.0.0.1", upstream_port)
+        self.rate = None if rate is None else float(rate)
+        self.burst = burst
+        self.latency = latency
         self.cut_after_bytes = cut_after_bytes
         self.down_for = down_for  # None: down for good once cut
-        self.latency = latency
         self.bytes_down = 0
         self.cut_at: float | None = None
         self.refused = 0
+        self._tokens = float(burst)
+        self._last = time.monotonic()
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread = threading.Thread(target=self._accept, daemon=True, name="link")
 
     @property
     def endpoint_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> FaultProxy:
+    def store_env(self, env: dict[str, str]) -> dict[str, str]:
+        """``env`` with the S3 endpoint variables (boto3 and the streamer; Ray's pyarrow
+        path) pointed through this link."""
+        return {
+            **env,
+            "AWS_ENDPOINT_URL": self.endpoint_url,
+            "AWS_ENDPOINT_URL_S3": self.endpoint_url,
+        }
+
+    def __enter__(self) -> Link:
         self._thread.start()
         return self
 
@@ -53,8 +83,9 @@ class FaultProxy:
         self._stop.set()
         _reset(self._listener)
         with self._lock:
-            for conn in list(self._conns):
-                _reset(conn)
+            conns, self._conns = list(self._conns), set()
+        for conn in conns:
+            _reset(conn)
         self._thread.join(timeout=5)
 
     def _down(self) -> bool:
@@ -74,6 +105,7 @@ class FaultProxy:
                 continue
             try:
                 server = socket.create_connection(self.upstream, timeout=10)
+                server.settimeout(None)  # the connect is bounded, the transfer is not
             except OSError:
                 _reset(client)
                 continue
@@ -81,6 +113,20 @@ class FaultProxy:
                 self._conns.update((client, server))
             threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
             threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
+
+    def _take(self, n: int) -> None:
+        """Wait until ``n`` bytes may pass the cap."""
+        assert self.rate is not None
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+                self._last = now
+                if self._tokens >= n:
+                    self._tokens -= n
+                    return
+                wait = (n - self._tokens) / self.rate
+            time.sleep(min(wait, 0.05))
 
     def _cut(self) -> None:
         with self._lock:
@@ -92,12 +138,11 @@ class FaultProxy:
 
     def _pump(self, src: socket.socket, dst: socket.socket, downstream: bool) -> None:
         try:
-            while True:
-                data = src.recv(1 << 16)
-                if not data:
-                    break
+            while data := src.recv(64 << 10):
                 if not downstream and self.latency:
                     time.sleep(self.latency)
+                if downstream and self.rate is not None:
+                    self._take(len(data))
                 dst.sendall(data)
                 if downstream:
                     with self._lock:
