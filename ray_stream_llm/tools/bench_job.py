@@ -1,7 +1,8 @@
 """One benchmark job, cold: a Ray Data job over the benchmark prompts in a subprocess whose
 HOME, TMPDIR, caches and Ray session live in one work directory
 (:mod:`ray_stream_llm.tools.isolated`), with its figures and the local-disk bytes it
-wrote. The cold-start and node-sharing benchmarks both run their jobs here.
+wrote. Every benchmark runs its jobs here (cold start, node sharing, warm starts, and
+tensor parallelism side by side).
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ def run_isolated_job(
         )
     out: dict[str, Any] = json.loads((work / "out.json").read_text())
     out["disk_bytes_written"] = tree_bytes(work / "home") + tree_bytes(work / "tmp")
+    out["disk_weight_files"] = sorted(  # weight files the job left on local disk
+        str(p.relative_to(work))
+        for p in work.rglob("*")
+        if p.is_file() and p.name.endswith((".safetensors", ".bin", ".pt", ".pth"))
+    )
     return out
 
 
@@ -84,6 +90,7 @@ def _job_main(spec_path: str, out_path: str) -> None:
         json.dumps(
             {
                 "rows": len(result.rows),
+                "answers": {str(r["question"]): r["answer"] for r in result.rows},
                 "generated_tokens": sum(
                     int(r.get("num_generated_tokens") or 0) for r in result.rows
                 ),

@@ -3,11 +3,12 @@ over the plain checkpoint (every rank reads every object: TP times the model) an
 ``runai_streamer_sharded`` over the output of ``ray-stream-llm shard`` (each rank reads its
 own files: once the model).
 
-Each job is a cold Ray Data job in a subprocess with its own HOME, TMPDIR and Ray session
-(:mod:`ray_stream_llm.tools.isolated`). With a local store (an ``http://127.0.0.1`` endpoint)
-the jobs reach it through :class:`~ray_stream_llm.tools.shard_proxy.ByteProxy`, which
-counts the response bytes of every GET per object: the store's own figure. Against a
-remote store the bytes are the engines' own (the load report, per rank).
+Each job is a cold Ray Data job in a subprocess with its own HOME, TMPDIR and Ray session,
+run as every benchmark's job is (:func:`ray_stream_llm.tools.bench_job.run_isolated_job`).
+With a local store (an ``http://127.0.0.1`` endpoint) the jobs reach it through
+:class:`~ray_stream_llm.tools.shard_proxy.ByteProxy`, which counts the response bytes of
+every GET per object: the store's own figure. Against a remote store the bytes are the
+engines' own (the load report, per rank).
 
 ``python -m ray_stream_llm.tools.shard_bench SOURCE SHARDED TP OUT_JSON`` (the store from
 the standard environment); the release script ``release/benchmarks/sharded_tp.py`` and
@@ -26,7 +27,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from ray_stream_llm.tools.isolated import run_isolated, tree_bytes
+from ray_stream_llm.tools.bench_job import run_isolated_job
 
 PROMPTS = [f"Write item {i} of a list of facts about object storage." for i in range(4)]
 MAX_TOKENS = 8
@@ -35,51 +36,6 @@ FORMATS = ("runai_streamer", "runai_streamer_sharded")
 
 def _is_weight(key: str) -> bool:
     return key.endswith(".safetensors")
-
-
-def run_job_isolated(
-    work: Path, spec: dict[str, Any], env: dict[str, str], timeout: float = 900
-) -> dict[str, Any]:
-    """One cold job (``python -m ray_stream_llm.tools.shard_bench --job``) under ``work``."""
-    work.mkdir(parents=True, exist_ok=True)
-    ray_dir = tempfile.mkdtemp(prefix="rsl-ray-", dir="/tmp")
-    argv = [sys.executable, "-m", "ray_stream_llm.tools.shard_bench", "--job"]
-    argv += [str(work / "spec.json"), str(work / "out.json")]
-    try:
-        (work / "spec.json").write_text(json.dumps({**spec, "ray_temp_dir": ray_dir}))
-        proc = run_isolated(argv, work, {"RAY_STREAM_LLM_PROGRESS": "0", **env}, timeout=timeout)
-    finally:
-        shutil.rmtree(ray_dir, ignore_errors=True)
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"job failed (exit {proc.returncode}); its log: {work / 'job.log'}\n"
-            + (proc.stdout + proc.stderr)[-3000:]
-        )
-    out: dict[str, Any] = json.loads((work / "out.json").read_text())
-    out["disk_bytes_written"] = tree_bytes(work / "home") + tree_bytes(work / "tmp")
-    out["disk_weight_files"] = sorted(
-        str(p.relative_to(work))
-        for p in work.rglob("*")
-        if p.is_file() and p.name.endswith((".safetensors", ".bin", ".pt", ".pth"))
-    )
-    return out
-
-
-def _job_main(spec_path: str, out_path: str) -> None:
-    from ray_stream_llm.tools.bench_job import run_spec
-
-    result = run_spec(spec_path)
-    Path(out_path).write_text(
-        json.dumps(
-            {
-                "rows": len(result.rows),
-                "answers": {str(r["question"]): r["answer"] for r in result.rows},
-                "first_row_seconds": result.first_row_seconds,
-                "total_seconds": result.total_seconds,
-                "load_reports": [r.to_dict() for r in result.load_reports],
-            }
-        )
-    )
 
 
 def _local_port(endpoint: str | None) -> int | None:
@@ -132,10 +88,10 @@ def side_by_side(
         started = time.perf_counter()
         if proxy is not None:
             with proxy:
-                figures = run_job_isolated(workdir / load_format, spec, job_env, timeout)
+                figures = run_isolated_job(workdir / load_format, spec, job_env, timeout)
                 records = proxy.records()
         else:
-            figures = run_job_isolated(workdir / load_format, spec, job_env, timeout)
+            figures = run_isolated_job(workdir / load_format, spec, job_env, timeout)
             records = []
         figures["wall_seconds"] = time.perf_counter() - started
         bucket = uri.removeprefix("s3://").partition("/")[0]
@@ -185,9 +141,6 @@ def summary(result: dict[str, Any], model_bytes: int) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) == 3 and argv[0] == "--job":
-        _job_main(argv[1], argv[2])
-        return
     if len(argv) != 4:
         sys.exit("usage: python -m ray_stream_llm.tools.shard_bench SOURCE SHARDED TP OUT_JSON")
     source, sharded, tp, out = argv
