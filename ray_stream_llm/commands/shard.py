@@ -29,6 +29,7 @@ finds the rank files by listing ``s3://`` prefixes and nothing else.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -36,7 +37,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -260,6 +261,23 @@ def _complete(marker: dict[str, Any], listing: dict[str, Any]) -> bool:
     ) and bool(marker.get("files"))
 
 
+@dataclasses.dataclass
+class _Plan:
+    """What one run writes, where, and what the output already holds."""
+
+    source: ModelURI
+    output: ModelURI
+    tensor_parallel_size: int
+    max_part_bytes: int | None
+    source_bytes: int  # the safetensors weights of the source
+    metadata_paths: list[str]  # the source's metadata files, as inspect_model found them
+    identity: dict[str, Any]  # the run's identity, in every marker
+    out: _Output
+    listing: dict[str, Any]  # the output prefix, listed once
+    stage: Path
+    need: int  # bytes the stage must hold
+
+
 def shard_model(
     model_uri: str,
     tensor_parallel_size: int,
@@ -278,8 +296,88 @@ def shard_model(
     source, :class:`~ray_stream_llm.errors.ShardOutputConflictError` for an output that holds
     something else, :class:`~ray_stream_llm.errors.InvalidSettingError` for a stage
     directory that is not memory-backed.
+
+    Four steps: :func:`_plan` (the arguments, the source, the output's listing),
+    :func:`_resume` (what the output's markers say is left to do), :func:`_save` (the
+    engine writes each rank's files into the stage) and :func:`_upload_ranks`; the
+    completion marker last.
     """
     begin = time.perf_counter()
+    plan = _plan(
+        model_uri, tensor_parallel_size, output_uri, object_store, max_part_bytes, stage_dir
+    )
+    result = ShardResult(
+        output=str(plan.output),
+        tensor_parallel_size=tensor_parallel_size,
+        files=[],
+        metadata=[],
+        uploaded=[],
+        already_complete=False,
+        loaded=False,
+        load_seconds=0.0,
+        save_seconds=0.0,
+        upload_seconds=0.0,
+        total_seconds=0.0,
+        stage_dir=None,
+        staged_peak_bytes=0,
+    )
+    marker, complete = _resume(plan, log)
+    if complete and marker is not None:
+        result.files, result.metadata = marker["files"], list(marker.get("metadata", []))
+        result.already_complete = True
+        result.total_seconds = time.perf_counter() - begin
+        return result
+    _check_stage(plan.stage, plan.need)  # before anything is written
+    plan.out.put_json(
+        SHARD_PARTIAL_MARKER, {**(marker or {}), **plan.identity, "version": MARKER_VERSION}
+    )
+
+    from ray_stream_llm.fetch import fetch_model_metadata
+
+    meta_dir = fetch_model_metadata(str(plan.source), object_store=object_store)
+    metadata = sorted(
+        p for p in plan.metadata_paths if p != SAFETENSORS_INDEX and (meta_dir / p).is_file()
+    )
+    upload_start = time.perf_counter()
+    for name in metadata:
+        _upload_once(plan.out, meta_dir / name, name, plan.listing, result)
+    result.metadata = metadata
+    result.upload_seconds += time.perf_counter() - upload_start
+
+    files: list[dict[str, Any]] = list((marker or {}).get("files", []))
+    if files and all(_is_there(plan.out, f, plan.listing) for f in files):
+        log("every rank file is already in the output: not loading the model")
+    else:
+        with _staging(plan.stage, plan.need) as private:
+            result.stage_dir = str(private)
+            staged = _save(plan, meta_dir, private, result, engine_kwargs, object_store, log)
+            files = _upload_ranks(plan, staged, result, log)
+    result.files = files
+    done_marker = {
+        **plan.identity,
+        "version": MARKER_VERSION,
+        "files": files,
+        "metadata": metadata,
+        # fixed width (UTC, whole seconds): the marker's size does not depend on the clock
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "source_weight_bytes": plan.source_bytes,
+    }
+    plan.out.put_json(SHARD_DONE_MARKER, done_marker)  # last: the checkpoint is complete
+    plan.out.delete(SHARD_PARTIAL_MARKER)
+    result.total_seconds = time.perf_counter() - begin
+    return result
+
+
+def _plan(
+    model_uri: str,
+    tensor_parallel_size: int,
+    output_uri: str,
+    object_store: ObjectStoreConfig | None,
+    max_part_bytes: int | None,
+    stage_dir: str | os.PathLike[str],
+) -> _Plan:
+    """The arguments checked, the source inspected (streamable, its weights' ETags), the
+    output listed: typed errors before anything is written."""
     if isinstance(tensor_parallel_size, bool) or not isinstance(tensor_parallel_size, int):
         raise InvalidSettingError(
             f"tensor_parallel_size must be a positive integer, got {tensor_parallel_size!r}"
@@ -310,104 +408,58 @@ def shard_model(
     manifest.raise_if_not_streamable()
     weights = [f for f in manifest.files if f.role is FileRole.STREAMABLE_WEIGHTS]
     etags = _source_etags(source, object_store)
-    identity = _identity(source, etags, tensor_parallel_size, max_part_bytes)
     out = _Output(output, object_store)
-    listing = out.listing()
-    result = ShardResult(
-        output=str(output),
+    return _Plan(
+        source=source,
+        output=output,
         tensor_parallel_size=tensor_parallel_size,
-        files=[],
-        metadata=[],
-        uploaded=[],
-        already_complete=False,
-        loaded=False,
-        load_seconds=0.0,
-        save_seconds=0.0,
-        upload_seconds=0.0,
-        total_seconds=0.0,
-        stage_dir=None,
-        staged_peak_bytes=0,
+        max_part_bytes=max_part_bytes,
+        source_bytes=sum(f.size for f in weights),
+        metadata_paths=list(manifest.paths(FileRole.METADATA)),
+        identity=_identity(source, etags, tensor_parallel_size, max_part_bytes),
+        out=out,
+        listing=out.listing(),
+        stage=Path(stage_dir),
+        need=int(manifest.weight_bytes * 1.25) + (64 << 20),
     )
-    marker: dict[str, Any] | None = None
+
+
+def _resume(plan: _Plan, log: Callable[[str], None]) -> tuple[dict[str, Any] | None, bool]:
+    """What the output's markers say: (the marker of this run to continue from, or None;
+    whether the output is already complete). An output of another run, or with objects
+    this command did not write, is refused."""
+    output, listing = plan.output, plan.listing
     if SHARD_DONE_MARKER in listing:
-        done = read_shard_marker(out.client, output, listing[SHARD_DONE_MARKER], out.deadline)
-        if not _same_run(done, identity):
+        done = read_shard_marker(
+            plan.out.client, output, listing[SHARD_DONE_MARKER], plan.out.deadline
+        )
+        if not _same_run(done, plan.identity):
             raise ShardOutputConflictError(
                 f"{str(output)!r} already holds a sharded checkpoint of {_describe(done)}; "
                 "write to another prefix, or delete this one first"
             )
         if _complete(done, listing):
             log(f"{output} is already complete ({SHARD_DONE_MARKER}): nothing to do")
-            result.files, result.metadata = done["files"], list(done.get("metadata", []))
-            result.already_complete = True
-            result.total_seconds = time.perf_counter() - begin
-            return result
-        marker = done  # a file it lists was removed: write it again
-    elif SHARD_PARTIAL_MARKER in listing:
-        marker = read_shard_marker(out.client, output, listing[SHARD_PARTIAL_MARKER], out.deadline)
-        if not _same_run(marker, identity):
+            return done, True
+        return done, False  # a file it lists was removed: write it again
+    if SHARD_PARTIAL_MARKER in listing:
+        marker = read_shard_marker(
+            plan.out.client, output, listing[SHARD_PARTIAL_MARKER], plan.out.deadline
+        )
+        if not _same_run(marker, plan.identity):
             raise ShardOutputConflictError(
                 f"{str(output)!r} holds a partial sharded checkpoint of {_describe(marker)}; "
                 "run that command again to finish it, or delete the prefix"
             )
         log(f"resuming the partial output at {output}")
-    elif listing:
+        return marker, False
+    if listing:
         names = sorted(listing)
         raise ShardOutputConflictError(
             f"{str(output)!r} holds {len(names)} object(s) that `ray-stream-llm shard` did "
             f"not write ({', '.join(names[:5])}); write to an empty prefix"
         )
-    need = int(manifest.weight_bytes * 1.25) + (64 << 20)
-    _check_stage(Path(stage_dir), need)  # before anything is written
-    out.put_json(SHARD_PARTIAL_MARKER, {**(marker or {}), **identity, "version": MARKER_VERSION})
-
-    from ray_stream_llm.fetch import fetch_model_metadata
-
-    meta_dir = fetch_model_metadata(str(source), object_store=object_store)
-    metadata = sorted(
-        p
-        for p in manifest.paths(FileRole.METADATA)
-        if p != SAFETENSORS_INDEX and (meta_dir / p).is_file()
-    )
-    upload_start = time.perf_counter()
-    for name in metadata:
-        _upload_once(out, meta_dir / name, name, listing, result)
-    result.metadata = metadata
-    result.upload_seconds += time.perf_counter() - upload_start
-
-    files: list[dict[str, Any]] = list((marker or {}).get("files", []))
-    if files and all(_is_there(out, f, listing) for f in files):
-        log("every rank file is already in the output: not loading the model")
-    else:
-        files = _save_and_upload(
-            source,
-            meta_dir,
-            out,
-            listing,
-            identity,
-            result,
-            engine_kwargs=engine_kwargs,
-            max_part_bytes=max_part_bytes,
-            stage=Path(stage_dir),
-            need=need,
-            source_bytes=manifest.weight_bytes,
-            object_store=object_store,
-            log=log,
-        )
-    result.files = files
-    done_marker = {
-        **identity,
-        "version": MARKER_VERSION,
-        "files": files,
-        "metadata": metadata,
-        # fixed width (UTC, whole seconds): the marker's size does not depend on the clock
-        "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "source_weight_bytes": sum(f.size for f in weights),
-    }
-    out.put_json(SHARD_DONE_MARKER, done_marker)  # last: the checkpoint is complete
-    out.delete(SHARD_PARTIAL_MARKER)
-    result.total_seconds = time.perf_counter() - begin
-    return result
+    return None, False
 
 
 def _source_etags(source: ModelURI, store: ObjectStoreConfig | None) -> dict[str, str]:
@@ -462,33 +514,27 @@ def _writer_kwargs(
     return kwargs
 
 
-def _save_and_upload(
-    source: ModelURI,
-    meta_dir: Path,
-    out: _Output,
-    listing: dict[str, Any],
-    identity: dict[str, Any],
-    result: ShardResult,
-    *,
-    engine_kwargs: dict[str, Any] | None,
-    max_part_bytes: int | None,
-    stage: Path,
-    need: int,
-    source_bytes: int,
-    object_store: ObjectStoreConfig | None,
-    log: Callable[[str], None],
-) -> list[dict[str, Any]]:
-    from ray_stream_llm.commands import LOCAL_ENV
-    from ray_stream_llm.integrations.ray.compat import vllm_is_cpu_build
-    from ray_stream_llm.integrations.vllm.plugin import save_sharded_checkpoint
-
-    tp = int(identity["tensor_parallel_size"])
+@contextlib.contextmanager
+def _staging(stage: Path, need: int) -> Iterator[Path]:
+    """A private directory of this run under ``stage`` (checked: memory-backed, room for
+    ``need`` bytes; earlier runs' stale directories removed), removed after."""
     _check_stage(stage, need)
     _remove_stale_stages(stage)
     private = Path(tempfile.mkdtemp(prefix=f"{STAGE_PREFIX}{os.getpid()}-", dir=stage))
-    result.stage_dir = str(private)
-    settings = derive_settings(object_store)
-    env = {**settings.env}
+    try:
+        yield private
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _writer_env(object_store: ObjectStoreConfig | None, tp: int) -> Iterator[None]:
+    """The process environment the writing engine needs (the store's settings, Ray and
+    vLLM kept on loopback), restored after."""
+    from ray_stream_llm.commands import LOCAL_ENV
+    from ray_stream_llm.integrations.ray.compat import vllm_is_cpu_build
+
+    env = {**derive_settings(object_store).env}
     if vllm_is_cpu_build() and tp > 1:
         # vLLM's CPU build binds each rank's OpenMP threads to a NUMA node of its own by
         # default, and refuses TP > NUMA nodes; the ranks then share the cores.
@@ -498,11 +544,35 @@ def _save_and_upload(
         for key, value in LOCAL_ENV.items():
             os.environ.setdefault(key, value)
         os.environ.update(env)
+        yield
+    finally:
+        for key, old in saved_env.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+def _save(
+    plan: _Plan,
+    meta_dir: Path,
+    private: Path,
+    result: ShardResult,
+    engine_kwargs: dict[str, Any] | None,
+    object_store: ObjectStoreConfig | None,
+    log: Callable[[str], None],
+) -> list[Path]:
+    """Load the model streamed at the plan's TP size and save every rank's files into
+    ``private``; the rank files, checked (every rank, and most of the source's bytes)."""
+    from ray_stream_llm.integrations.vllm.plugin import save_sharded_checkpoint
+
+    source, tp = plan.source, plan.tensor_parallel_size
+    with _writer_env(object_store, tp):
         kwargs = _writer_kwargs(meta_dir, source, tp, engine_kwargs)
         log(f"loading {source} at tensor_parallel_size={tp} (streamed) to save its ranks")
         try:
             result.load_seconds, result.save_seconds = save_sharded_checkpoint(
-                kwargs, str(private), max_part_bytes
+                kwargs, str(private), plan.max_part_bytes
             )
         except RayStreamLLMError:
             raise
@@ -514,54 +584,50 @@ def _save_and_upload(
                 "(--engine-kwargs) or the TP size (the model's attention heads must divide "
                 f"by it); the output's partial marker stays, run the command again to resume"
             ) from exc
-        result.loaded = True
-        named = shard_file_regex()
-        staged = sorted(p for p in private.iterdir() if named.fullmatch(p.name))
-        result.staged_peak_bytes = sum(p.stat().st_size for p in staged)
-        ranks = {int(m["rank"]) for p in staged if (m := named.fullmatch(p.name))}
-        if ranks != set(range(tp)):
-            raise ShardWriteError(
-                f"vLLM saved files for ranks {sorted(ranks)}, not for the {tp} ranks asked; "
-                "check that the engine started with tensor_parallel_size="
-                f"{tp} (engine_kwargs must not override it)"
-            )
-        if result.staged_peak_bytes < MIN_SAVED_SHARE * source_bytes:
-            raise ShardWriteError(
-                f"vLLM saved {result.staged_peak_bytes} bytes of rank files for "
-                f"{source_bytes} bytes of weights in {source}: weights were lost in the "
-                "save (an engine whose layers repacked their weights after loading, "
-                "e.g. a quantization or a CPU kernel); nothing was marked complete"
-            )
-        files: list[dict[str, Any]] = []
-        for path in staged:
-            files.append(
-                {
-                    "path": path.name,
-                    "size": path.stat().st_size,
-                    "sha256": _sha256(path),
-                    "rank": int(path.name.split("-")[2]),
-                }
-            )
-        # before any rank file is sent: a resumed run knows every file and its digest
-        out.put_json(SHARD_PARTIAL_MARKER, {**identity, "version": MARKER_VERSION, "files": files})
-        upload_start = time.perf_counter()
-        for entry, path in zip(files, staged, strict=True):
-            found = listing.get(entry["path"])
-            if not (
-                found is not None
-                and found.size == entry["size"]
-                and out.sha256_of(entry["path"]) == entry["sha256"]
-            ):
-                out.upload(path, entry["path"], entry["sha256"])
-                result.uploaded.append(entry["path"])
-            path.unlink()  # out of memory as soon as it is in the store
-        result.upload_seconds += time.perf_counter() - upload_start
-        log(f"uploaded {len(files)} rank files to {out.uri}")
-        return files
-    finally:
-        shutil.rmtree(private, ignore_errors=True)
-        for key, old in saved_env.items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
+    result.loaded = True
+    named = shard_file_regex()
+    staged = sorted(p for p in private.iterdir() if named.fullmatch(p.name))
+    result.staged_peak_bytes = sum(p.stat().st_size for p in staged)
+    ranks = {int(m["rank"]) for p in staged if (m := named.fullmatch(p.name))}
+    if ranks != set(range(tp)):
+        raise ShardWriteError(
+            f"vLLM saved files for ranks {sorted(ranks)}, not for the {tp} ranks asked; "
+            "check that the engine started with tensor_parallel_size="
+            f"{tp} (engine_kwargs must not override it)"
+        )
+    if result.staged_peak_bytes < MIN_SAVED_SHARE * plan.source_bytes:
+        raise ShardWriteError(
+            f"vLLM saved {result.staged_peak_bytes} bytes of rank files for "
+            f"{plan.source_bytes} bytes of weights in {source}: weights were lost in the "
+            "save (an engine whose layers repacked their weights after loading, "
+            "e.g. a quantization or a CPU kernel); nothing was marked complete"
+        )
+    return staged
+
+
+def _upload_ranks(
+    plan: _Plan, staged: list[Path], result: ShardResult, log: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    """Every rank file into the output (each removed from memory once it is there); the
+    partial marker names every file and its digest first, so that a resumed run knows
+    them. The files' entries, for the completion marker."""
+    out, listing = plan.out, plan.listing
+    files: list[dict[str, Any]] = [
+        {
+            "path": path.name,
+            "size": path.stat().st_size,
+            "sha256": _sha256(path),
+            "rank": int(path.name.split("-")[2]),
+        }
+        for path in staged
+    ]
+    out.put_json(SHARD_PARTIAL_MARKER, {**plan.identity, "version": MARKER_VERSION, "files": files})
+    upload_start = time.perf_counter()
+    for entry, path in zip(files, staged, strict=True):
+        if not _is_there(out, entry, listing):
+            out.upload(path, entry["path"], entry["sha256"])
+            result.uploaded.append(entry["path"])
+        path.unlink()  # out of memory as soon as it is in the store
+    result.upload_seconds += time.perf_counter() - upload_start
+    log(f"uploaded {len(files)} rank files to {out.uri}")
+    return files
