@@ -67,7 +67,7 @@ def _comparable(value: Any) -> Any:
 def _graph(processor: Any) -> dict[str, Any]:
     stages = {}
     for name, stage in processor.stages.items():
-        ctor = {k: v for k, v in stage.fn_constructor_kwargs.items() if k != "stream"}
+        ctor = dict(stage.fn_constructor_kwargs)
         stages[name] = {
             "fn": next(c for c in stage.fn.__mro__ if c.__module__.startswith("ray.")),
             "ctor": _comparable(ctor),
@@ -229,7 +229,8 @@ def test_a_streamed_build_swaps_every_model_stage_and_delivers_the_settings(
         assert model_stages
         for stage in model_stages:
             assert stage.fn.__name__.startswith("Streaming"), stage.fn
-            assert stage.fn_constructor_kwargs["stream"] is True
+            plan = stage.fn_constructor_kwargs["plan"]  # the driver's decisions, one argument
+            assert plan.model.rstrip("/") == uri.rstrip("/")
             env = stage.map_batches_kwargs["runtime_env"]["env_vars"]
             assert env["AWS_ENDPOINT_URL"] == s3_server.endpoint_url
             assert s3_server.secret_access_key not in repr(stage.map_batches_kwargs)

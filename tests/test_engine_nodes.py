@@ -132,11 +132,14 @@ def test_a_cpu_only_node_pulls_nothing(s3_server, s3_env, tiny_models, base, wor
         class Stage:
             def __init__(self, uri, sharing, accel):
                 from ray_stream_llm.integrations.ray import udfs
+                from ray_stream_llm.plan import Plan
+                from ray_stream_llm.uri import parse_model_uri
                 from ray_stream_llm.weights.region import wait_for
 
                 self.can_host = sharing.node_can_host_an_engine()
                 self.accel_can_host = accel.node_can_host_an_engine()
-                udfs._prepare(None, True, uri, sharing)  # the stage actor's first step
+                plan = Plan(parse_model_uri(uri), sharing)
+                udfs._prepare(None, plan, uri)  # the stage actor's first step
                 self.regions = [str(w.region) for w in udfs._prefetched]
                 for w in udfs._prefetched:  # the pull done: every byte the store served
                     for o in w.objects:

@@ -44,8 +44,8 @@ from ray_stream_llm.integrations.ray.udfs import (
     StreamingPrepareMultimodalUDF,
     StreamingTokenizeUDF,
 )
-from ray_stream_llm.preflight import preflight
-from ray_stream_llm.stores.settings import StoreSettings, derive_settings
+from ray_stream_llm.plan import Plan
+from ray_stream_llm.stores.settings import StoreSettings
 from ray_stream_llm.uri import parse_model_uri
 from ray_stream_llm.weights.region import DEFAULT_BASE, Sharing
 
@@ -309,12 +309,16 @@ def _build_ray_graph(
 
 
 def build_streaming_processor(
-    config: StreamingvLLMEngineProcessorConfig, *, driver_dir: str | None = None, **kwargs: Any
+    config: StreamingvLLMEngineProcessorConfig,
+    settings: StoreSettings,
+    *,
+    driver_dir: str | None = None,
+    **kwargs: Any,
 ) -> Processor:
-    """The registered builder of ``StreamingvLLMEngineProcessorConfig``; ``driver_dir`` is
-    what :func:`ray_stream_llm.preflight.preflight` returned, when it already ran. The
-    Ray version was checked by the caller (:func:`ray_stream_llm.integrations.ray.registry`)."""
-    settings = derive_settings(config.object_store)
+    """The registered builder of ``StreamingvLLMEngineProcessorConfig``, called by
+    :func:`ray_stream_llm.integrations.ray.registry._build` once it checked the Ray version
+    and the config, derived the store's ``settings`` and, for a streamed model, ran the
+    preflight (``driver_dir``: the metadata it fetched and checked)."""
     secrets = {name: settings.env[name] for name in settings.secret_env}
     secret_env = SecretEnv(secrets) if secrets else None
     if not config.streams_from_object_store:
@@ -325,29 +329,27 @@ def build_streaming_processor(
             updates.update(store_updates(config, settings, updates))
             processor, _ = _build_ray_graph(config, cluster, updates, **kwargs)
         # The only changes to Ray's UDFs: the secrets delivered, the engine's load reported.
-        _swap_udfs(processor, secret_env=secret_env, stream=False)
+        _swap_udfs(processor, secret_env=secret_env)
         _deliver_env(processor, settings)
         processor.config = config
         return processor
 
+    if driver_dir is None:
+        raise ValueError("a streamed build needs the preflight's metadata directory")
     uri = parse_model_uri(config.model_source)
-    driver_dir = driver_dir or preflight(config)
     cluster = cluster_resources(config)
     updates = resource_defaults(config, cluster)
     updates.update(store_updates(config, settings, updates))
     updates["model_source"] = driver_dir
     processor, engine_on_cpu = _build_ray_graph(config, cluster, updates, **kwargs)
-    _swap_udfs(
-        processor,
-        secret_env=secret_env,
-        stream=True,
-        driver_dir=driver_dir,
-        uri=str(uri),
+    plan = Plan(
+        uri=uri,
+        sharing=resolve_sharing(config, updates, engine_on_cpu),
         load_retries=config.load_retries,
         load_retry_backoff_s=config.load_retry_backoff_s,
-        sharing=resolve_sharing(config, updates, engine_on_cpu),
         compile_cache_uri=config.compile_cache_uri,
     )
+    _swap_udfs(processor, secret_env=secret_env, plan=plan, driver_dir=driver_dir)
     _deliver_env(processor, settings)
     processor.config = config
     logger.info("Built a streaming processor for %s: stages %s", uri, list(processor.stages))
@@ -365,16 +367,11 @@ def _swap_udfs(
     processor: Processor,
     *,
     secret_env: SecretEnv | None,
-    stream: bool,
+    plan: Plan | None = None,
     driver_dir: str | None = None,
-    uri: str | None = None,
-    load_retries: int = 0,
-    load_retry_backoff_s: float = 0.0,
-    sharing: Sharing | None = None,
-    compile_cache_uri: str | None = None,
 ) -> None:
-    """Replace each stage's UDF by its subclass here; with ``stream`` hand every stage the
-    URI in place of the driver's local directory."""
+    """Replace each stage's UDF by its subclass here; with a ``plan`` (streamed) hand every
+    stage the plan, and the URI in place of the driver's local directory."""
     for name, stage in list(processor.stages.items()):
         if stage.fn in MODEL_FREE_UDFS:
             continue  # reads no model: nothing to fetch or stream
@@ -386,23 +383,16 @@ def _swap_udfs(
                 f"{SUPPORTED_RAY[0]} to {SUPPORTED_RAY[1]}"
             )
         ctor = dict(stage.fn_constructor_kwargs)
-        if stream and ctor.get("model") == driver_dir:
-            ctor["model"] = uri
-        model_config_kwargs = ctor.get("model_config_kwargs")
-        if (
-            stream
-            and isinstance(model_config_kwargs, dict)
-            and model_config_kwargs.get("model") == driver_dir
-        ):
-            ctor["model_config_kwargs"] = {**model_config_kwargs, "model": uri}
-        ctor["stream"] = stream
-        if stream and sharing is not None and sharing.mode == "node":
-            ctor["sharing"] = sharing
-        if replacement is StreamingvLLMEngineStageUDF and stream:
-            ctor["load_retries"] = load_retries
-            ctor["load_retry_backoff_s"] = load_retry_backoff_s
-            if compile_cache_uri:
-                ctor["compile_cache_uri"] = compile_cache_uri
+        if plan is not None:
+            if ctor.get("model") == driver_dir:
+                ctor["model"] = plan.model
+            model_config_kwargs = ctor.get("model_config_kwargs")
+            if (
+                isinstance(model_config_kwargs, dict)
+                and model_config_kwargs.get("model") == driver_dir
+            ):
+                ctor["model_config_kwargs"] = {**model_config_kwargs, "model": plan.model}
+            ctor["plan"] = plan
         if secret_env is not None:
             ctor["secret_env"] = secret_env
         # model_copy, not assignment: Ray's stages validate on assignment, which

@@ -31,11 +31,11 @@ from ray_stream_llm.integrations.vllm.shm import (
     spawn_janitor,
 )
 from ray_stream_llm.integrations.vllm.stream_watch import StreamWatcher, from_streamer, root_cause
+from ray_stream_llm.plan import Plan
 from ray_stream_llm.redact import redact
 from ray_stream_llm.reports import build_report
-from ray_stream_llm.uri import parse_model_uri
+from ray_stream_llm.uri import ModelURI
 from ray_stream_llm.weights import memory
-from ray_stream_llm.weights.region import Sharing
 from ray_stream_llm.weights.source import WeightSource, acquire
 
 logger = logging.getLogger(__name__)
@@ -87,11 +87,7 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         engine_kwargs: dict[str, Any],
         *,
         secret_env: SecretEnv | None = None,
-        stream: bool = True,
-        load_retries: int = 0,
-        load_retry_backoff_s: float = 0.0,
-        sharing: Sharing | None = None,
-        compile_cache_uri: str | None = None,
+        plan: Plan | None = None,
         **kwargs: Any,
     ):
         self._started = time.time() - 1.0  # file mtimes are coarser than time.time()
@@ -103,32 +99,34 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         # vLLM's shared memory and that directory are removed however the actor ends
         spawn_janitor(os.getpid(), self._started, self._rpc_dir)
         begin = time.perf_counter()
-        uri_text = model
+        uri_text = model  # what the report names: the URI when streamed, else Ray's model
         fetched: FetchReport | None = None
         self._weights: WeightSource | None = None
-        _prepare(secret_env, False, None)  # logging and secrets; the fetch is next
+        _prepare(secret_env, None, None)  # logging and secrets; the fetch is next
         engine_kwargs = cpu_kv_cache_default(engine_kwargs)
-        if stream:
+        stream = plan is not None
+        if plan is not None:
+            uri_text = plan.model
             # the streamer's CPU buffer bounded by the actor's memory, unless the user chose
             memory.streamer_memory_limit(
-                engine_kwargs, memory.engines_per_node(sharing.engine_resources if sharing else {})
+                engine_kwargs, memory.engines_per_node(plan.sharing.engine_resources)
             )
-            uri = parse_model_uri(model)
-            fetched = fetch_metadata_report(uri)
+            fetched = fetch_metadata_report(plan.uri)
             engine_kwargs = dict(engine_kwargs)
-            engine_kwargs.setdefault("served_model_name", model)
+            engine_kwargs.setdefault("served_model_name", uri_text)
             try:  # the node's region where the weights are shared, else the store
-                self._weights = acquire(uri, fetched, sharing)
+                self._weights = acquire(plan.uri, fetched, plan.sharing)
             except RayStreamLLMError as exc:  # 'node' asked for, and it cannot fit
                 store_failure(exc)  # for ray_stream_llm.typed_errors() on the driver
                 raise
             if "tokenizer" in engine_kwargs:
                 engine_kwargs["tokenizer"] = local_metadata(engine_kwargs["tokenizer"])
             model = str(fetched.path)
+        compile_cache_uri = plan.compile_cache_uri if plan else None
         compile_key = compile_store.cache_key(model) if compile_cache_uri else None
         if compile_cache_uri and compile_key:  # what another node compiled, before vLLM starts
             compile_store.fetch(compile_cache_uri, compile_key, compile_store.aot_root(), None)
-        attempts = 1 + max(0, load_retries)
+        attempts = 1 + max(0, plan.load_retries if plan else 0)
         for attempt in range(1, attempts + 1):
             if self._weights is not None:  # vLLM then skips its own pull and streams these
                 whole = self._weights.fills_while_read and self._plugin_missing()
@@ -148,8 +146,8 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
                     records = collect(os.environ.get(REPORT_DIR_ENV))
             except Exception as exc:  # the engine did not start: why?
                 self._release_engine()
-                delay = load_retry_backoff_s * 2 ** (attempt - 1)
-                error = _start_failure(uri_text, stream, exc, watcher, attempt, attempts)
+                delay = (plan.load_retry_backoff_s if plan else 0.0) * 2 ** (attempt - 1)
+                error = _start_failure(uri_text, plan, exc, watcher, attempt, attempts)
                 if error is not None:
                     store_failure(error)  # for ray_stream_llm.typed_errors() on the driver
                     raise error from exc
@@ -236,7 +234,7 @@ def _cause(exc: BaseException, watcher: StreamWatcher) -> str:
 
 def _start_failure(
     uri: str,
-    stream: bool,
+    plan: Plan | None,
     exc: BaseException,
     watcher: StreamWatcher,
     attempt: int,
@@ -250,8 +248,8 @@ def _start_failure(
     cause.
     """
     cause = _cause(exc, watcher)
-    store_now = _store_check(uri) if stream else "not checked"
-    if stream and (
+    store_now = _store_check(plan.uri) if plan else "not checked"
+    if plan and (
         watcher.streaming_interrupted or from_streamer(watcher.failures) or store_now != "reachable"
     ):
         if attempt < attempts:
@@ -268,11 +266,10 @@ def _start_failure(
     )
 
 
-def _store_check(uri: str) -> str:
+def _store_check(model: ModelURI) -> str:
     """One listing of the model: 'reachable', or the typed error's message."""
     from ray_stream_llm import stores
 
-    model = parse_model_uri(uri)
     try:
         stores.list_model(model, None)
     except RayStreamLLMError as exc:

@@ -43,13 +43,14 @@ def _build(
     # Ray's builder starts Ray: seconds.
     # The store's settings against the user's runtime_envs first: no store call is made for
     # a config that contradicts itself.
-    store_updates(config, derive_settings(config.object_store), {})
+    settings = derive_settings(config.object_store)
+    store_updates(config, settings, {})
     driver_dir = checked_metadata_dir
     if driver_dir is None and config.streams_from_object_store:
         driver_dir = preflight(config)
     from ray_stream_llm.integrations.ray.builder import build_streaming_processor
 
-    return build_streaming_processor(config, driver_dir=driver_dir, **kwargs)
+    return build_streaming_processor(config, settings, driver_dir=driver_dir, **kwargs)
 
 
 def register() -> None:

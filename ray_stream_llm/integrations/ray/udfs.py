@@ -21,9 +21,10 @@ from ray_stream_llm.integrations.ray.compat import (
     TokenizeUDF,
     ray_stage_shims,
 )
+from ray_stream_llm.plan import Plan
 from ray_stream_llm.stores.settings import ObjectStoreConfig
-from ray_stream_llm.uri import looks_like_uri, parse_model_uri
-from ray_stream_llm.weights.region import NodeWeights, Sharing
+from ray_stream_llm.uri import looks_like_uri
+from ray_stream_llm.weights.region import NodeWeights
 
 logger = logging.getLogger(__name__)
 
@@ -71,25 +72,22 @@ def _actor_logging() -> None:
 _prefetched: list[NodeWeights] = []  # this stage actor's references, held for its lifetime
 
 
-def _prepare(
-    secret_env: SecretEnv | None, stream: bool, model: Any, sharing: Sharing | None = None
-) -> Any:
+def _prepare(secret_env: SecretEnv | None, plan: Plan | None, model: Any) -> Any:
     """In the actor, first thing: the secrets into its environment (the engine's child
-    processes inherit it), then the model's metadata when the weights are streamed, and
-    the start of the node's shared pull when the weights are shared."""
+    processes inherit it); with a ``plan`` (streamed) the model's metadata, and the start of
+    the node's shared pull when the plan shares the weights: the local directory for Ray's
+    UDF. Without a plan, ``model`` as it is."""
     _actor_logging()
     if secret_env is not None:
         secret_env.apply()
-    if not stream or not looks_like_uri(model):
+    if plan is None:
         return model
-    report = fetch_metadata_report(model)
-    if sharing is not None and sharing.mode == "node" and sharing.node_can_host_an_engine():
+    report = fetch_metadata_report(plan.uri)
+    if plan.shares and plan.sharing.node_can_host_an_engine():
         # The earliest point of the job on this node: the pull overlaps actor start-up and
         # engine initialisation. Best effort: the engine acquires (and reports) itself.
         weights = NodeWeights(
-            parse_model_uri(report.uri),
-            report.weight_objects,
-            dataclasses.replace(sharing, required=False),
+            plan.uri, report.weight_objects, dataclasses.replace(plan.sharing, required=False)
         )
         if weights.acquire() is not None:
             _prefetched.append(weights)
@@ -107,11 +105,10 @@ def _metadata_stage(base: type[Any]) -> type[Any]:
         model: str,
         *,
         secret_env: SecretEnv | None = None,
-        stream: bool = True,
-        sharing: Sharing | None = None,
+        plan: Plan | None = None,
         **kwargs: Any,
     ) -> None:
-        model = _prepare(secret_env, stream, model, sharing)
+        model = _prepare(secret_env, plan, model)
         with ray_stage_shims():
             base.__init__(self, data_column, expected_input_keys, model=model, **kwargs)
 
@@ -133,12 +130,9 @@ class StreamingPrepareMultimodalUDF(PrepareMultimodalUDF or object):  # type: ig
         model_config_kwargs: dict[str, Any],
         *,
         secret_env: SecretEnv | None = None,
-        stream: bool = True,
-        sharing: Sharing | None = None,
+        plan: Plan | None = None,
         **kwargs: Any,
     ):
         model_config_kwargs = dict(model_config_kwargs)
-        model_config_kwargs["model"] = _prepare(
-            secret_env, stream, model_config_kwargs.get("model"), sharing
-        )
+        model_config_kwargs["model"] = _prepare(secret_env, plan, model_config_kwargs.get("model"))
         super().__init__(data_column, expected_input_keys, model_config_kwargs, **kwargs)
