@@ -241,7 +241,8 @@ def cold_start(
     vLLM's default, ``enforce_eager=False``)."""
     results = {}
     for variant, load_format, variant_kwargs in COLD_START_VARIANTS:
-        work = Path(tempfile.mkdtemp(prefix=f"{variant}-", dir=workdir))
+        # short: vLLM's IPC socket paths under it must stay within 107 bytes
+        work = Path(tempfile.mkdtemp(prefix=f"{variant.rsplit('_', 1)[-1]}-", dir=workdir))
         try:
             out = run_isolated_job(
                 work,
