@@ -533,24 +533,17 @@ def _writer_env(object_store: ObjectStoreConfig | None, tp: int) -> Iterator[Non
     vLLM kept on loopback), restored after."""
     from ray_stream_llm.commands import LOCAL_ENV
     from ray_stream_llm.integrations.ray.compat import vllm_is_cpu_build
+    from ray_stream_llm.integrations.ray.runtime_env import scoped_env
 
     env = {**derive_settings(object_store).env}
     if vllm_is_cpu_build() and tp > 1:
         # vLLM's CPU build binds each rank's OpenMP threads to a NUMA node of its own by
         # default, and refuses TP > NUMA nodes; the ranks then share the cores.
         env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    saved_env = {k: os.environ.get(k) for k in (*env, *LOCAL_ENV)}
-    try:
-        for key, value in LOCAL_ENV.items():
-            os.environ.setdefault(key, value)
-        os.environ.update(env)
+    # LOCAL_ENV only where the process has not set it; both restored after
+    local = {k: v for k, v in LOCAL_ENV.items() if k not in os.environ}
+    with scoped_env({**local, **env}):
         yield
-    finally:
-        for key, old in saved_env.items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
 
 
 def _save(
