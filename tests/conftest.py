@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from helpers.jobs import wait_for_janitors
 from helpers.models import LAYOUTS, UploadedModel, build_layout, metadata_files, weight_files
 
-from ray_stream_llm.integrations.vllm import shm as shm_module
 from ray_stream_llm.tools.localstore import LocalS3Server
 
 # --- local S3 server (SeaweedFS) and tiny models on it ------------------------------------
@@ -208,32 +208,14 @@ def _new_entries(root: Path, since: float, depth: int) -> set[str]:
     return found
 
 
-def _wait_for_janitors(timeout: float) -> None:
-    """The engines' janitors (detached: they outlive the actors) finish their work after the
-    last job of the session returns: wait for them before judging what was left."""
-    import psutil
-
-    janitor = os.path.abspath(shm_module.__file__)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        running = []
-        for proc in psutil.process_iter(["cmdline", "create_time"]):
-            cmdline = proc.info["cmdline"] or []
-            ours = (proc.info["create_time"] or 0) >= SESSION_START  # this session's engines'
-            if ours and len(cmdline) > 1 and cmdline[1] == janitor:
-                running.append(proc.pid)
-        if not running:
-            return
-        time.sleep(1)
-    print(f"engine janitors still running after {timeout:.0f} s: {running}")
-
-
 @pytest.fixture(scope="session", autouse=True)
 def nothing_left_behind() -> Iterator[None]:
     """After the suite: no /dev/shm/psm_* segment, socket or lock file created by the run outside
     the tests' temporary directories (which pytest keeps under /tmp/pytest-of-<user>/)."""
     yield
-    _wait_for_janitors(timeout=120)
+    running = wait_for_janitors(SESSION_START)  # detached: they outlive the last job
+    if running:
+        print(f"engine janitors still running after 120 s: {running}")
     leftovers = {p for p in _new_entries(Path("/dev/shm"), SESSION_START, 1) if "psm_" in p}
     # multiprocessing's own temp dir of this (pytest) process: removed when it exits
     import multiprocessing.process
