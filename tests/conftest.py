@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers.jobs import wait_for_janitors
+from helpers.janitors import wait_for_janitors
 from helpers.models import LAYOUTS, UploadedModel, build_layout, metadata_files, weight_files
 
 from ray_stream_llm.tools.localstore import LocalS3Server

@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from helpers.janitors import wait_for_janitors
 from helpers.models import is_weight
-from ray_stream_llm.integrations.vllm import shm as shm_module
 from ray_stream_llm.integrations.vllm.shm import orphaned_segments, remove_orphaned_segments
 from ray_stream_llm.tools.isolated import run_isolated as run_in_isolation
 from ray_stream_llm.tools.localstore import LocalS3Server
@@ -26,26 +26,6 @@ SHARDED_QUESTIONS = [
     "What is the capital of France?",
 ]
 SHARDED_MAX_TOKENS = 4
-
-
-def wait_for_janitors(since: float, timeout: float = 120.0) -> list[int]:
-    """Wait until the engines' janitors started since ``since`` have finished: they are
-    detached, outlive the job and remove its shared memory after its last process exits,
-    so what a job left behind is judged once they are done. Returns those still running
-    after ``timeout`` s (none, normally)."""
-    import psutil
-
-    janitor = os.path.abspath(shm_module.__file__)
-    deadline = time.monotonic() + timeout
-    while True:
-        running = []
-        for proc in psutil.process_iter(["cmdline", "create_time"]):
-            cmdline = proc.info["cmdline"] or []
-            if (proc.info["create_time"] or 0) >= since and cmdline[1:2] == [janitor]:
-                running.append(proc.pid)
-        if not running or time.monotonic() >= deadline:
-            return running
-        time.sleep(0.5)
 
 
 def weight_files_written(roots: list[Path], since: float) -> dict[str, int]:
