@@ -108,11 +108,16 @@ def run_isolated(
     )
     if (work / "error.json").exists():  # the typed error the driver caught
         out["error"] = json.loads((work / "error.json").read_text())
-    # Shared-memory segments no live process maps, created during the run, once the run's
-    # janitors are done. Our engine UDF removes its own; Ray's (the control run) leaks
-    # vLLM's 160 MiB ring buffer: record it, then remove it so the machine stays clean.
-    out["janitors_running"] = wait_for_janitors(start)
-    out["shm_left"] = [p.name for p in orphaned_segments(start - 1)]
+    # Shared-memory segments no live process maps, created during the run. Our engine UDF
+    # removes its own (its janitor, detached, once the engine's last process has exited,
+    # which can be after the script returns: judged once the run's janitors are done);
+    # Ray's (the control run) leaks vLLM's 160 MiB ring buffer: record it, then remove it
+    # so the machine stays clean.
+    left = orphaned_segments(start - 1)
+    if left:
+        wait_for_janitors(start)
+        left = orphaned_segments(start - 1)
+    out["shm_left"] = [p.name for p in left]
     remove_orphaned_segments(start - 1, wait=0)
     return out, written, time.time() - start
 
