@@ -213,9 +213,10 @@ def nothing_left_behind() -> Iterator[None]:
     """After the suite: no /dev/shm/psm_* segment, socket or lock file created by the run outside
     the tests' temporary directories (which pytest keeps under /tmp/pytest-of-<user>/)."""
     yield
-    running = wait_for_janitors(SESSION_START)  # detached: they outlive the last job
+    timeout = 120.0
+    running = wait_for_janitors(SESSION_START, timeout)  # detached: they outlive the last job
     if running:
-        print(f"engine janitors still running after 120 s: {running}")
+        print(f"engine janitors still running after {timeout:.0f} s: {running}")
     leftovers = {p for p in _new_entries(Path("/dev/shm"), SESSION_START, 1) if "psm_" in p}
     # multiprocessing's own temp dir of this (pytest) process: removed when it exits
     import multiprocessing.process

@@ -32,9 +32,9 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
+from helpers.janitors import segments_left
 from helpers.jobs import weight_files_written
 
-from ray_stream_llm.integrations.vllm.shm import orphaned_segments, remove_orphaned_segments
 from ray_stream_llm.tools.isolated import isolated_env
 from ray_stream_llm.tools.localstore import LocalS3Server, free_ports
 
@@ -123,8 +123,7 @@ def _reads(server: LocalS3Server, prefix: str, since: int) -> set[str]:
 def _check_clean_disk(work: Path, start: float) -> None:
     written = weight_files_written([work, Path("/dev/shm")], start)
     assert written == {}, f"weight files written to local disk: {written}"
-    leaked = [p.name for p in orphaned_segments(start - 1)]
-    remove_orphaned_segments(start - 1, wait=0)  # keep the machine clean either way
+    leaked = segments_left(start)
     assert leaked == [], f"shared-memory segments left behind: {leaked}"
 
 

@@ -6,6 +6,7 @@ import os
 import time
 
 from ray_stream_llm.integrations.vllm import shm as shm_module
+from ray_stream_llm.integrations.vllm.shm import orphaned_segments, remove_orphaned_segments
 
 
 def wait_for_janitors(since: float, timeout: float = 120.0) -> list[int]:
@@ -26,3 +27,17 @@ def wait_for_janitors(since: float, timeout: float = 120.0) -> list[int]:
         if not running or time.monotonic() >= deadline:
             return running
         time.sleep(0.5)
+
+
+def segments_left(start: float) -> list[str]:
+    """The ``/dev/shm/psm_*`` segments a run that began at ``start`` left behind: created
+    since then and mapped by no process, looked at again once the run's janitors are done
+    when there are any (a janitor removes its engine's after the engine's last process has
+    exited, which can be after the run returns). Removed either way, so that the machine
+    stays clean; the names are returned for the test to judge."""
+    left = orphaned_segments(start - 1)
+    if left:
+        wait_for_janitors(start)
+        left = orphaned_segments(start - 1)
+    remove_orphaned_segments(start - 1, wait=0)
+    return [p.name for p in left]

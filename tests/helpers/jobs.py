@@ -10,9 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from helpers.janitors import wait_for_janitors
+from helpers.janitors import segments_left
 from helpers.models import is_weight
-from ray_stream_llm.integrations.vllm.shm import orphaned_segments, remove_orphaned_segments
 from ray_stream_llm.tools.isolated import run_isolated as run_in_isolation
 from ray_stream_llm.tools.localstore import LocalS3Server
 
@@ -108,17 +107,9 @@ def run_isolated(
     )
     if (work / "error.json").exists():  # the typed error the driver caught
         out["error"] = json.loads((work / "error.json").read_text())
-    # Shared-memory segments no live process maps, created during the run. Our engine UDF
-    # removes its own (its janitor, detached, once the engine's last process has exited,
-    # which can be after the script returns: judged once the run's janitors are done);
-    # Ray's (the control run) leaks vLLM's 160 MiB ring buffer: record it, then remove it
-    # so the machine stays clean.
-    left = orphaned_segments(start - 1)
-    if left:
-        wait_for_janitors(start)
-        left = orphaned_segments(start - 1)
-    out["shm_left"] = [p.name for p in left]
-    remove_orphaned_segments(start - 1, wait=0)
+    # Our engine UDF removes its own segments; Ray's (the control run) leaks vLLM's 160 MiB
+    # ring buffer: recorded here, and removed either way.
+    out["shm_left"] = segments_left(start)
     return out, written, time.time() - start
 
 
