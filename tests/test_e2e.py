@@ -96,24 +96,6 @@ def test_streamed_smollm2_answers_with_no_weights_on_disk(s3_server, smollm2, wo
     )
 
 
-def test_control_default_load_format_writes_weights(s3_server, tiny_models, work):
-    """The control: Ray's own load format (no streaming) downloads the weights to local disk.
-    What it writes does not depend on the model: the tiny single-file one does."""
-    model = tiny_models["single"]
-    out, written, seconds = run_isolated(s3_server, work, model.uri, None, QUESTIONS[:2])
-    assert len(out["rows"]) == 2 and all(r["answer"].strip() for r in out["rows"])
-    safetensors = {p: n for p, n in written.items() if p.endswith("model.safetensors")}
-    assert safetensors and all(p.startswith(str(work / "home")) for p in safetensors), written
-    size = (model.local / "model.safetensors").stat().st_size
-    assert max(safetensors.values()) == size
-    [report] = out["load_reports"]  # the engine is ours, so it reports, with nothing streamed
-    assert not report["streamed"] and report["weight_bytes"] is None and report["ready_seconds"] > 0
-    print(
-        f"\ncontrol: weight bytes on disk {sum(written.values())}, total {seconds:.1f}s, "
-        f"shared-memory segments left: {out['shm_left']}"
-    )
-
-
 def test_streamed_hub_mirror_writes_no_bin_pth_gguf(s3_server, tiny_models, work):
     model = tiny_models["hub-mirror"]
     before = s3_server.served()

@@ -13,7 +13,9 @@ import subprocess
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
+from helpers.janitors import segments_left
 
 from ray_stream_llm.tools.isolated import isolated_env
 
@@ -65,6 +67,7 @@ def test_readme_snippets_run_as_typed(work):
         start_new_session=True,
     )
     printed: list[str] = []
+    since, started = time.time(), time.monotonic()
     try:
         deadline = time.monotonic() + 600
         assert store.stdout is not None
@@ -75,26 +78,44 @@ def test_readme_snippets_run_as_typed(work):
             printed.append(line)
         env_file = Path(env["HOME"]) / ".cache/ray_stream_llm/local-store/env.sh"
         assert env_file.exists() and oct(env_file.stat().st_mode & 0o777) == "0o600"
+        phases = [("store up", time.monotonic() - started)]
 
         first = _shell(quickstart, checkout, env)
         assert "'question': 'What is 2+2?'" in first and "4" in first.split("'answer'")[1]
+        phases.append(("quickstart", time.monotonic() - started - sum(s for _, s in phases)))
 
         demo = Path(env["HOME"]) / ".cache/ray_stream_llm/demo/SmolLM2-135M-Instruct"
         shutil.copytree(demo, checkout / "my-model")  # the user's own model
         setup = "\n".join(quickstart.strip().splitlines()[:2])  # the second shell's state
         second = _shell(setup + "\n" + own_job, checkout, env)
+        phases.append(("own model", time.monotonic() - started - sum(s for _, s in phases)))
         assert "streamable: yes" in second and "rows: 2/2" in second, second[-3000:]
         # the user's model is the demo model under another URI: its engine loaded the code
         # the quickstart's engine compiled (the compile cache is keyed by the files, not
         # their URI: docs/compile-cache.md)
         assert "(cache: hit)" in second, second[-3000:]
-        assert (checkout / "answers" / "answers.parquet").is_file()
+        # `run` is quiet (no Ray or vLLM log line, no warning of ours), names what it
+        # streamed, and hands back every input column, `prompt` too (which Ray's
+        # chat-template stage would overwrite), beside the generated text
+        for noise in (" INFO ", "Started a local Ray instance", "DeprecationWarning"):
+            assert noise not in second, (noise, second[-3000:])
+        size = (demo / "model.safetensors").stat().st_size
+        assert "engine 1: Engine ready for s3://models/my-model/" in second, second[-3000:]
+        assert f"weights 1 safetensors files, {size} bytes streamed" in second, second[-3000:]
+        table = pq.read_table(checkout / "answers" / "answers.parquet").to_pylist()
+        assert [(r["id"], r["prompt"]) for r in sorted(table, key=lambda r: r["id"])] == [
+            (1, "What is 2+2?"),
+            (2, "Name three colors."),
+        ]
+        assert all(r["generated_text"].strip() and r["num_generated_tokens"] > 0 for r in table)
+        assert segments_left(since) == []  # every engine's shared memory was released
     finally:
         if store.poll() is None:
             os.killpg(store.pid, signal.SIGINT)  # Ctrl-C
         rest, _ = store.communicate(timeout=60)
     assert store.returncode == 0, "".join(printed) + rest
     assert "Stopped." in rest and not env_file.exists()
+    print("\nREADME as typed: " + ", ".join(f"{name} {s:.0f}s" for name, s in phases))
 
 
 def _shell(script: str, cwd: Path, env: dict[str, str]) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import stat
 import time
 from pathlib import Path
@@ -71,10 +72,10 @@ def _nothing_left() -> None:
         time.sleep(0.5)
 
 
-def _slow_link(s3_server) -> Link:
+def _slow_link(s3_server, rate: int = 16 << 10) -> Link:
     # 16 KB/s after a first 64 KB: the 1.6 MB of weights take about 100 s, longer than an
     # engine takes to reach its weights, so engines stream while the region still fills
-    return Link(s3_server.port, rate=16 << 10, burst=64 << 10)
+    return Link(s3_server.port, rate=rate, burst=64 << 10)
 
 
 def _through(s3_server, link: Link) -> dict:
@@ -133,8 +134,10 @@ def test_an_engine_without_the_plugin_waits_for_the_whole_region(
     s3_server, sharded, unshared_answers, work
 ):
     """VLLM_PLUGINS leaves the library's plugin out, so no engine process waits for a
-    file's mark: the engine actor waits for every mark before vLLM starts."""
-    with _slow_link(s3_server) as link:
+    file's mark: the engine actor waits for every mark before vLLM starts. The link at
+    32 KB/s (about 50 s for the weights) is still filling the region when the actor gets
+    there: it says how long it waited."""
+    with _slow_link(s3_server, rate=32 << 10) as link:
         out, _, _ = run_isolated(
             s3_server,
             work,
@@ -147,9 +150,10 @@ def test_an_engine_without_the_plugin_waits_for_the_whole_region(
             env={"VLLM_PLUGINS": "none"},
         )
     assert {r["question"]: r["answer"] for r in out["rows"]} == unshared_answers
-    assert (
-        "VLLM_PLUGINS='none' leaves 'ray_stream_llm_load_report' out"
-        in (work / "job.log").read_text()
-    )
+    log = (work / "job.log").read_text()
+    assert "VLLM_PLUGINS='none' leaves 'ray_stream_llm_load_report' out" in log
+    [waited] = re.findall(r"waited ([0-9.]+)s for the whole shared pull of ", log)
+    assert float(waited) > 1.0, waited  # the region was still filling
     assert [r["weight_sharing"] for r in out["load_reports"]] == ["node"]
     _nothing_left()
+    print(f"\nwithout the plugin: the engine actor waited {waited}s for the whole region")

@@ -268,6 +268,8 @@ def cold_start(
             "first_row_seconds": out["first_row_seconds"],
             "total_seconds": out["total_seconds"],
             "disk_bytes_written": out["disk_bytes_written"],
+            "disk_weight_files": out["disk_weight_files"],  # paths under the job's directory
+            "streamed": report.get("streamed"),  # None: no engine of ours reported
             "rows": out["rows"],
             "generated_tokens": out["generated_tokens"],
             "stream_gib_per_s": report.get("gib_per_s") or float("nan"),

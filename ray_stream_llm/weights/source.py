@@ -16,6 +16,7 @@ A new source (a peer node, a warm cache) is one more class with these members.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,6 +31,8 @@ from ray_stream_llm.weights.region import (
     unshared,
     wait_all,
 )
+
+logger = logging.getLogger(__name__)
 
 
 class WeightSource(Protocol):
@@ -120,7 +123,8 @@ class RegionWeights:
         # the pull starts (or is taken over, after a puller that died) with each attempt
         start_pull(Path(self.region), self.uri, self.fetched.weight_objects)
         if whole:
-            wait_all(self.region)
+            waited = wait_all(self.region)
+            logger.info("waited %.1fs for the whole shared pull of %s", waited, self.uri)
         why = unshared(self.region)
         if why is None:
             return self
