@@ -37,6 +37,14 @@ if [ "${1:-}" = "--inside" ]; then  # the namespaces' PID 1: set them up, run th
             ;;
         *) mount --bind "$private/tmp" /tmp ;;
     esac
+    # the other streams' private directories sit beside this one's, in the checkout (which
+    # is under /tmp when the checkout is): hidden under an empty .streams, this one bound back
+    own=/run/rsl-stream-own-$name-$$
+    mkdir -p "$own"
+    mount --bind "$private" "$own"
+    mount -t tmpfs -o mode=755 tmpfs "$root/.streams"
+    mkdir -p "$private"
+    mount --bind "$own" "$private"
     export HOME=$private/home TMPDIR=/tmp
     # vLLM's CPU build pins each engine's worker to the first core and keeps the other for
     # everything else (VLLM_CPU_OMP_THREADS_BIND=auto): two streams' engines would then
@@ -62,7 +70,8 @@ root=$(pwd -P)
 private=$root/.streams/$name
 rm -rf "$private"
 mkdir -p "$private/tmp" "$private/home"
-trap 'rm -rf "$private"' EXIT
+# (and the empty mount points the stream made under /run)
+trap 'rm -rf "$private"; rmdir /run/rsl-stream-"$name"-* /run/rsl-stream-own-"$name"-* 2>/dev/null || true' EXIT
 exec 3> >(sed -u "s/^/[$name] /")
 printer=$!
 # --kill-child: when unshare ends the stream's PID 1 gets SIGKILL, and with it every process

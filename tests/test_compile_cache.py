@@ -98,8 +98,7 @@ def test_engines_compile_once_per_node_and_another_node_loads_it_from_the_store(
     # the load reports say the same, from the engines' processes
     assert sorted(r["compile_cache"] for r in together) == ["hit", "miss"], together
     [cold] = [r for r in together if r["compile_cache"] == "miss"]
-    assert warm["compile_cache"] == "hit", warm
-    assert warm["compile_seconds"] < 0.5 * cold["compile_seconds"], (cold, warm)
+    assert warm["compile_cache"] == "hit", warm  # (how much faster: bench --suite warm)
     # through the store: one artifact written (the tar, then its marker), read by the
     # fresh node, and the only artifact directory it has
     cache = [r for r in s3_server.served()[len(before) :] if r.uri.startswith(cache_uri)]
