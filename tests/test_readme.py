@@ -97,8 +97,15 @@ def test_readme_snippets_run_as_typed(work):
         # `run` is quiet (no Ray or vLLM log line, no warning of ours), names what it
         # streamed, and hands back every input column, `prompt` too (which Ray's
         # chat-template stage would overwrite), beside the generated text
-        for noise in (" INFO ", "Started a local Ray instance", "DeprecationWarning"):
-            assert noise not in second, (noise, second[-3000:])
+        ran = second.split("streamable: yes\n", 1)[1]  # run's output (and the stderr)
+        for noise in (
+            " INFO ",
+            "Started a local Ray instance",
+            "DeprecationWarning",
+            "ray_remote_args",
+        ):
+            assert noise not in ran, (noise, ran[-3000:])
+        assert len(ran.splitlines()) < 30, ran
         size = (demo / "model.safetensors").stat().st_size
         assert "engine 1: Engine ready for s3://models/my-model/" in second, second[-3000:]
         assert f"weights 1 safetensors files, {size} bytes streamed" in second, second[-3000:]

@@ -107,8 +107,8 @@ def run_isolated(
     )
     if (work / "error.json").exists():  # the typed error the driver caught
         out["error"] = json.loads((work / "error.json").read_text())
-    # Our engine UDF removes its own segments; Ray's (the control run) leaks vLLM's 160 MiB
-    # ring buffer: recorded here, and removed either way.
+    # Our engine UDF's janitor removes the engine's segments: any left is recorded here
+    # (the tests assert none), and removed either way.
     out["shm_left"] = segments_left(start)
     return out, written, time.time() - start
 
