@@ -20,7 +20,7 @@ PYTEST := $(PY) -m pytest
 EDITABLE_LOCK := flock .venvs/.editable.lock
 FAST := -m "not s3 and not gcs and not azure and not e2e"
 
-.PHONY: setup setup-compat azurite demo test test-streams test-main test-stream-a test-stream-b test-main-b test-compat test-slow test-fast lint format typecheck bench clean
+.PHONY: setup setup-compat azurite demo test test-one-stream test-main test-stream-a test-stream-b test-main-b test-compat test-slow test-fast lint format typecheck bench clean
 
 setup: $(STAMP)
 
@@ -86,20 +86,22 @@ azurite: $(AZURITE)
 $(AZURITE):
 	npm install --silent --no-audit --no-fund --prefix $(VENV)/azurite azurite@3.35.0
 
-# Everything CI runs: the quality gate, the whole suite on Ray 2.60, the older Rays' contract tests.
-test: lint typecheck test-main test-compat
+# Everything CI runs: the quality gate, the whole suite on Ray 2.60, the older Rays' contract
+# tests; as two streams side by side where the machine can give each its own namespaces
+# (tests/stream.sh: each its own /tmp, /dev/shm, processes and ports, vLLM's engines
+# unpinned), else one after the other; then the 25 slowest tests of the run.
+# Stream b runs MAIN_B on Ray 2.60, then the contract tests; stream a, the rest.
+DURATIONS := build/durations
+test: lint typecheck
+	rm -rf $(DURATIONS)
+	if tests/stream.sh --check; then $(MAKE) --no-print-directory -j2 test-stream-a test-stream-b; \
+	else $(MAKE) --no-print-directory test-main test-compat; fi
+	$(PY) tests/durations.py 25 $(DURATIONS)
 
-# The same as two streams side by side (tests/stream.sh: each its own /tmp, /dev/shm,
-# processes and ports, and vLLM's engines unpinned): stream b runs MAIN_B on Ray 2.60, then
-# the contract tests; stream a, the rest. Not yet make test: its one clean-clone run here
-# (2,142 s for stream a against about 3,300 s for the suite alone) left two shared-memory
-# segments in stream a (docs/install.md). Measured here, two jobs at once: 122-124 s each
-# against 87.6 s alone (eager); 145-150 s against 93.5 s (compiling).
-test-streams: lint typecheck
-	tests/stream.sh --check
-	$(MAKE) --no-print-directory -j2 test-stream-a test-stream-b
+# One stream, then the other (what make test does where namespaces are refused).
+test-one-stream: lint typecheck test-main test-compat
 
-MAIN := $(PYTEST) -m "not compat and not slow" --durations=25
+MAIN = $(PYTEST) -m "not compat and not slow" --durations=25 --junit-xml=$(DURATIONS)/$@.xml
 # about half the suite's time (the files' durations in CI), with no file in both streams
 MAIN_B := tests/test_readme.py tests/test_sharing.py tests/test_faults.py
 
@@ -130,10 +132,14 @@ CONTRACT := tests/test_compat.py tests/test_pure.py tests/test_report.py
 STORE_CONTRACT := tests/test_store.py tests/test_fetch.py \
 	--deselect tests/test_fetch.py::test_concurrent_processes_download_once_and_never_show_a_partial_dir
 test-compat: setup-compat
-	$(COMPAT)2.48.0/bin/python -m pytest $(CONTRACT) $(STORE_CONTRACT) tests/test_issue_55574.py --durations=5
-	$(COMPAT)2.54.1/bin/python -m pytest $(CONTRACT) $(STORE_CONTRACT) -m "not compat" --durations=5
-	$(VLLM_NEXT)/bin/python -m pytest $(CONTRACT) tests/test_compile_cache.py -m "not compat and not engine" --durations=5
-	$(VLLM_NEXT)/bin/python -m pytest tests/test_e2e.py::test_streamed_smollm2_answers_with_no_weights_on_disk
+	$(COMPAT)2.48.0/bin/python -m pytest $(CONTRACT) $(STORE_CONTRACT) tests/test_issue_55574.py \
+	    --durations=5 --junit-xml=$(DURATIONS)/ray-2.48.0.xml
+	$(COMPAT)2.54.1/bin/python -m pytest $(CONTRACT) $(STORE_CONTRACT) -m "not compat" \
+	    --durations=5 --junit-xml=$(DURATIONS)/ray-2.54.1.xml
+	$(VLLM_NEXT)/bin/python -m pytest $(CONTRACT) tests/test_compile_cache.py -m "not compat and not engine" \
+	    --durations=5 --junit-xml=$(DURATIONS)/vllm-0.32.0.xml
+	$(VLLM_NEXT)/bin/python -m pytest tests/test_e2e.py::test_streamed_smollm2_answers_with_no_weights_on_disk \
+	    --junit-xml=$(DURATIONS)/vllm-0.32.0-e2e.xml
 
 # The tests that start no server and no Ray (under a minute).
 test-fast: setup

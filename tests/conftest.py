@@ -171,6 +171,32 @@ def sharded_job(s3_server: LocalS3Server, tiny_models: dict[str, UploadedModel])
 
 # --- the real demo model, leftovers check -------------------------------------------------
 SESSION_START = time.time()
+# (nodeid, start, end) of every test run: a leftover is named with the tests that ran when
+# it was last changed
+_TEST_WINDOWS: list[tuple[str, float, float]] = []
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    start = time.time()
+    _TEST_WINDOWS.append((item.nodeid, start, float("inf")))  # the session ends in the last
+    try:
+        return (yield)
+    finally:
+        _TEST_WINDOWS[-1] = (item.nodeid, start, time.time())
+
+
+def _when(path: str) -> str:
+    """``path`` with its change time and the tests that ran then (or just before)."""
+    try:
+        changed = os.lstat(path).st_ctime
+    except FileNotFoundError:
+        return f"{path} (gone)"
+    during = [n for n, a, b in _TEST_WINDOWS if a - 1 <= changed <= b + 1]
+    if not during:  # between tests, or in a session fixture: the test before
+        before = [n for n, a, b in _TEST_WINDOWS if b < changed]
+        during = [f"after {before[-1]}"] if before else ["before the first test"]
+    return f"{path} (changed {changed - SESSION_START:.0f} s into the session, by {during})"
 
 
 @pytest.fixture(scope="session")
@@ -228,7 +254,9 @@ def nothing_left_behind() -> Iterator[None]:
                 continue
             if path.endswith((".lock", ".sock")) or Path(path).is_socket():
                 leftovers.add(path)
-    assert not leftovers, f"left behind by the test session: {sorted(leftovers)}"
+    assert not leftovers, "left behind by the test session: " + "; ".join(
+        _when(p) for p in sorted(leftovers)
+    )
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One test stream: run a command in namespaces of its own, so that two streams can run side
-# by side on one machine (make test-streams) without one seeing the other's files, processes
+# by side on one machine (make test) without one seeing the other's files, processes
 # or ports.
 #
 #   tests/stream.sh NAME COMMAND...   run COMMAND; its lines are printed prefixed "[NAME] "
@@ -14,7 +14,7 @@
 # process table (PID 1 is this script: when it exits, whatever the stream left running ends
 # with it) and its own loopback network. The checkout stays at its path (re-exposed when it
 # lives under /tmp), so the environments' absolute paths hold. It needs root, or user
-# namespaces; where neither is there, --check says so (and make test-streams stops).
+# namespaces; where neither is there, --check says so (and make test runs one stream after the other).
 set -euo pipefail
 
 if [ "${1:-}" = "--check" ]; then

@@ -97,7 +97,9 @@ def written(s3_server, tiny_models):
         "since": since,
         "work": work,
         "start": start,
-        "shm_new": {n for n in _shm_entries() - shm_before if n.startswith(("rsl-", "vllm_"))},
+        "shm_new": {
+            n for n in _shm_entries() - shm_before if n.startswith(("rsl-", "vllm_", "psm_"))
+        },
         "rpc_left": sorted(str(p) for p in Path("/tmp").glob("rsl-shard-rpc-*"))
         + sorted(str(p) for p in (work / "rpc").glob("*")),
     }
@@ -588,7 +590,9 @@ def test_a_tp_size_the_model_cannot_take_is_a_typed_error(s3_server, tiny_models
     assert s3_server.secret_access_key not in message
     with pytest.raises(IncompleteShardedCheckpointError):
         inspect_model(output, tensor_parallel_size=3)
-    assert {n for n in _shm_entries() - shm_before if n.startswith(("rsl-", "vllm_"))} == set()
+    assert {
+        n for n in _shm_entries() - shm_before if n.startswith(("rsl-", "vllm_", "psm_"))
+    } == set()
 
 
 @pytest.mark.e2e

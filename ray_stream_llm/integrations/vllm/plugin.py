@@ -38,6 +38,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV, tensor_parallel_rank
+from ray_stream_llm.integrations.vllm.shm import remove_orphaned_segments, segments_of
 
 # The streamer's tuning, as the streaming process sees it (vLLM applies its
 # model_loader_extra_config to this process's environment before it streams).
@@ -314,6 +315,9 @@ def save_sharded_checkpoint(
             else:
                 os.environ[name] = value
     ready = time.perf_counter()
+    # vLLM's ring buffers (/dev/shm/psm_*), mapped by this process's engine and workers: a
+    # worker stopped before it unlinks one (a loaded machine) leaves it behind
+    rings = segments_of(os.getpid())
     try:
         llm.llm_engine.engine_core.save_sharded_state(
             path=stage_dir, pattern=None, max_size=max_part_bytes
@@ -324,6 +328,7 @@ def save_sharded_checkpoint(
         del llm
         gc.collect()
         _remove_unmapped(_cpu_segments() - before)
+        remove_orphaned_segments(0.0, wait=5.0, only=rings)
         shutil.rmtree(rpc, ignore_errors=True)
     return ready - start, saved - ready
 
