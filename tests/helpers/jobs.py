@@ -30,6 +30,9 @@ SHARDED_MAX_TOKENS = 4
 def weight_files_written(roots: list[Path], since: float) -> dict[str, int]:
     """Weight files (any format) under ``roots`` modified since ``since``: path -> bytes."""
     found = {}
+    # a file counts once however many paths reach it: a root may lie under another, and a
+    # test stream (tests/stream.sh) re-exposes its private /tmp inside the checkout
+    seen: set[tuple[int, int]] = set()
     for root in roots:
         for dirpath, dirnames, filenames in os.walk(root):
             # other tests' own fixtures (models built on purpose) live in pytest's tmp dirs
@@ -40,6 +43,9 @@ def weight_files_written(roots: list[Path], since: float) -> dict[str, int]:
                     stat = path.stat()
                 except OSError:
                     continue
+                if (stat.st_dev, stat.st_ino) in seen:
+                    continue
+                seen.add((stat.st_dev, stat.st_ino))
                 if stat.st_mtime >= since and is_weight(name):
                     found[str(path)] = stat.st_size
     return found
