@@ -223,9 +223,11 @@ class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
         description="Streamed load formats: 'node' pulls each weight object from the store "
         "once per node into a memory-backed directory that every engine on the node streams "
         "from (started by the node's first stage actor, overlapping engine start-up); 'off' "
-        "streams each engine from the store; 'auto' is 'node' when more than one engine can "
-        "run (concurrency > 1) and the node's memory allows it, else 'off'. Engines with "
-        "tensor or pipeline parallelism stream from the store.",
+        "streams each engine from the store; 'auto' is 'node' when the node's memory allows "
+        "it, else 'off' (one engine too: its node's pull overlaps vLLM's start). A tensor or "
+        "pipeline parallel engine shares when its workers are processes of the engine "
+        "actor (distributed_executor_backend='mp', the default on vLLM's CPU build), each "
+        "rank reading the region; with Ray's executor its workers stream from the store.",
     )
     weight_sharing_dir: str | None = Field(
         default=None,
@@ -241,7 +243,7 @@ class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
         "ends, so that the next job of the same model on that node streams from memory and "
         "reads no weight byte from the store. 0: removed with the last engine. Kept copies "
         "count against the node's memory check and are dropped first when a new model "
-        "needs the room. With a value above 0, 'auto' shares a single engine's weights too.",
+        "needs the room.",
     )
     compile_cache_uri: str | None = Field(
         default=None,

@@ -125,8 +125,9 @@ def silent_endpoint() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def sharded_job(s3_server: LocalS3Server, tiny_models: dict[str, UploadedModel]) -> Iterator[dict]:
     """The sharded tiny model answering SHARDED_QUESTIONS (greedy) with one engine that streams
-    from the store through a proxy adding 50 ms to every request chunk, the store set once,
-    in the config (endpoint ``localhost``), the driver's environment with no AWS variable.
+    from the store (``weight_sharing="off"``) through a proxy adding 50 ms to every request
+    chunk, the store set once, in the config (endpoint ``localhost``), the driver's
+    environment with no AWS variable.
     Run once for the session: tests/test_faults.py proves the slow store and the settings
     with it, tests/test_sharing.py takes its answers as the unshared control."""
     from helpers.jobs import (
@@ -153,6 +154,10 @@ def sharded_job(s3_server: LocalS3Server, tiny_models: dict[str, UploadedModel])
                 SHARDED_QUESTIONS,
                 max_tokens=SHARDED_MAX_TOKENS,
                 object_store=store,
+                # the engine streams from the store itself (the default, 'auto', would share
+                # the node's pull): the unshared control of tests/test_sharing.py, and the
+                # slow store as the engine's streamer meets it for tests/test_faults.py
+                config={"weight_sharing": "off"},
             )
             bytes_down = proxy.bytes_down
         yield {

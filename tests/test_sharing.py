@@ -133,7 +133,8 @@ def test_auto_shares_one_pull_on_the_users_path(s3_server, sharded, unshared_ans
 def test_an_engine_without_the_plugin_waits_for_the_whole_region(
     s3_server, sharded, unshared_answers, work
 ):
-    """VLLM_PLUGINS leaves the library's plugin out, so no engine process waits for a
+    """One engine, the default sharing ('auto'): it shares the node's pull too. VLLM_PLUGINS
+    leaves the library's plugin out, so no engine process waits for a
     file's mark: the engine actor waits for every mark before vLLM starts. The link at
     32 KB/s (about 50 s for the weights) is still filling the region when the actor gets
     there: it says how long it waited."""
@@ -146,8 +147,7 @@ def test_an_engine_without_the_plugin_waits_for_the_whole_region(
             QUESTIONS,
             max_tokens=SHARDED_MAX_TOKENS,
             object_store=_through(s3_server, link),
-            config={"weight_sharing": "node"},
-            env={"VLLM_PLUGINS": "none"},
+            env={"VLLM_PLUGINS": "none"},  # weight_sharing="auto", the default: one engine
         )
     assert {r["question"]: r["answer"] for r in out["rows"]} == unshared_answers
     log = (work / "job.log").read_text()
@@ -157,3 +157,41 @@ def test_an_engine_without_the_plugin_waits_for_the_whole_region(
     assert [r["weight_sharing"] for r in out["load_reports"]] == ["node"]
     _nothing_left()
     print(f"\nwithout the plugin: the engine actor waited {waited}s for the whole region")
+
+
+def test_tensor_parallel_ranks_read_the_nodes_one_pull(s3_server, sharded, work):
+    """TP=2 with the default sharing ('auto'): the ranks are processes of the engine actor
+    (the 'mp' executor), and each reads every weight file from the node's region, so the
+    store serves the model once (the server's access log), where streaming served it once
+    per rank (docs/sharded.md)."""
+    sizes = {p.name: p.stat().st_size for p in sharded.local.glob("*.safetensors")}
+    log = AccessLog(s3_server)
+    out, written, seconds = run_isolated(
+        s3_server,
+        work,
+        sharded.uri,
+        "runai_streamer",
+        QUESTIONS,
+        max_tokens=SHARDED_MAX_TOKENS,
+        engine_kwargs={"tensor_parallel_size": 2},
+        num_cpus=4,
+    )
+    assert len(out["rows"]) == len(QUESTIONS) and all(r["answer"] for r in out["rows"])
+    [report] = out["load_reports"]
+    assert report["weight_sharing"] == "node", report
+    ranks = report["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1] and len({r["pid"] for r in ranks}) == 2
+    for rank in ranks:  # every rank read every file, from the region
+        assert sorted(os.path.basename(f) for f in rank["objects"]) == sorted(sizes), rank
+        assert all(f.startswith(DEFAULT_BASE + "/") for f in rank["objects"]), rank
+    # each weight object once for the node (one ranged GET per 8 MiB), plus the two reads
+    # of the driver's preflight: not once per rank
+    prefix = prefix_of(sharded.uri)
+    assert {k: v for k, v in log.gets(prefix).items() if k.endswith(".safetensors")} == {
+        prefix + name: math.ceil(size / CHUNK) + 2 for name, size in sizes.items()
+    }
+    assert {p: n for p, n in written.items() if not p.startswith(DEFAULT_BASE + "/")} == {}
+    _nothing_left()
+    print(
+        f"\nTP=2 on the region: ranks {[round(r['seconds'], 2) for r in ranks]} s; {seconds:.1f}s"
+    )

@@ -1,5 +1,6 @@
 """Tensor-parallel engines streamed two ways, side by side in one run: ``runai_streamer``
-over the plain checkpoint (every rank reads every object: TP times the model) and
+over the plain checkpoint, each rank from the store (``weight_sharing='off'``: every rank
+reads every object, TP times the model) and
 ``runai_streamer_sharded`` over the output of ``ray-stream-llm shard`` (each rank reads its
 own files: once the model).
 
@@ -79,7 +80,9 @@ def side_by_side(
             "max_tokens": MAX_TOKENS,
             "num_cpus": num_cpus,
             "engine_kwargs": kwargs,
-            "config": {"runtime_env": {"env_vars": cpu_env}},
+            # each rank streams from the store (the default, 'auto', would have the plain
+            # checkpoint's ranks read the node's one pull: docs/sharing.md)
+            "config": {"runtime_env": {"env_vars": cpu_env}, "weight_sharing": "off"},
         }
         proxy = ByteProxy(port) if port else None
         job_env = dict(env)

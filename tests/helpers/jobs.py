@@ -27,6 +27,18 @@ SHARDED_QUESTIONS = [
 SHARDED_MAX_TOKENS = 4
 
 
+def _regions_released(since: float, timeout: float = 30.0) -> None:
+    """Wait (up to ``timeout`` s) until the node's shared regions the job made are gone:
+    their reaper removes one within about 2 s of the job's last process (docs/sharing.md),
+    which can be after the job's driver has returned. What is still there after that is
+    left behind, and the caller's walk of /dev/shm reports it."""
+    from ray_stream_llm.weights.region import DEFAULT_BASE
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and weight_files_written([Path(DEFAULT_BASE)], since):
+        time.sleep(0.5)
+
+
 def weight_files_written(roots: list[Path], since: float) -> dict[str, int]:
     """Weight files (any format) under ``roots`` modified since ``since``: path -> bytes."""
     found = {}
@@ -105,6 +117,8 @@ def run_isolated(
         assert proc.returncode != 0, "the job was expected to fail"
     else:
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    if not any((c or {}).get("keep_warm_s") for c in [config, *(runs or [])]):
+        _regions_released(start)
     written = weight_files_written([work, Path("/dev/shm"), Path("/tmp")], start)
     out = (
         {"log": proc.stdout + proc.stderr}

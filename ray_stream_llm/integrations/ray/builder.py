@@ -20,7 +20,7 @@ from typing import Any
 
 import ray
 
-from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig
+from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig, streaming_load_format
 from ray_stream_llm.errors import InvalidSettingError, UnsupportedRayError
 from ray_stream_llm.integrations.ray.compat import (
     HAS_PLACEMENT_GROUP_CONFIG,
@@ -228,14 +228,21 @@ def resolve_sharing(
     resources of an engine, :func:`_engine_bundle`, pull)."""
     workers = _workers(config)
     base = config.weight_sharing_dir or DEFAULT_BASE
-    if config.weight_sharing == "node" and workers > 1:
+    engine_kwargs = updates.get("engine_kwargs") or config.engine_kwargs
+    backend = engine_kwargs.get("distributed_executor_backend")
+    # every worker reads the node's region only where every worker is a process of the
+    # engine actor ('mp'); Ray's executor may place them on other nodes
+    if config.weight_sharing == "node" and workers > 1 and backend != "mp":
         raise InvalidSettingError(
-            f"weight_sharing='node' needs engines of one worker, but tensor_parallel_size x "
-            f"pipeline_parallel_size is {workers}; use weight_sharing='off' (or 'auto')"
+            f"weight_sharing='node' needs every worker of an engine on its node, but "
+            f"tensor_parallel_size x pipeline_parallel_size is {workers} with "
+            f"distributed_executor_backend={backend!r}; set "
+            "engine_kwargs['distributed_executor_backend']='mp' (the workers are processes "
+            "of the engine actor) or use weight_sharing='off' (or 'auto')"
         )
-    if config.weight_sharing == "off" or workers > 1:
-        return Sharing("off")
-    if config.weight_sharing == "auto" and _engines(config) <= 1 and not config.keep_warm_s:
+    # rank files (runai_streamer_sharded) are read once per engine already: nothing to share
+    sharded = streaming_load_format(engine_kwargs) == "runai_streamer_sharded"
+    if config.weight_sharing == "off" or (workers > 1 and (backend != "mp" or sharded)):
         return Sharing("off")
     return Sharing(
         "node",
