@@ -20,6 +20,7 @@ import pytest
 from helpers.s3log import AccessLog, copy_model, prefix_of
 
 from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig
+from ray_stream_llm.errors import InvalidSettingError
 from ray_stream_llm.integrations.ray.builder import _engine_bundle, resolve_sharing
 
 STREAM = {"load_format": "runai_streamer"}
@@ -57,6 +58,42 @@ def test_the_engine_bundle_is_what_ray_asks_for():
     # the driver's decision carries it to every stage actor
     sharing = resolve_sharing(_config(), {}, engine_on_cpu=False)
     assert sharing.mode == "node" and sharing.engine_resources == {"GPU": 1.0, "CPU": 1.0}
+
+
+def test_which_engines_share_the_nodes_pull():
+    """'auto' shares wherever every worker of the engine reads this node's memory: one engine
+    alone too, and a tensor or pipeline parallel engine whose workers are its actor's
+    processes ('mp'); not Ray's executor's workers (other nodes, maybe), nor rank files."""
+
+    def mode(concurrency=1, sharing="auto", backend=None, **engine):
+        kwargs = {**STREAM, **engine}
+        if backend:
+            kwargs["distributed_executor_backend"] = backend
+        config = StreamingvLLMEngineProcessorConfig(
+            model_source="s3://models/m/",
+            engine_kwargs=kwargs,
+            concurrency=concurrency,
+            weight_sharing=sharing,
+        )
+        return resolve_sharing(config, {}, engine_on_cpu=False).mode
+
+    assert mode() == "node"  # one engine alone
+    assert mode(tensor_parallel_size=2, backend="mp") == "node"
+    assert mode(pipeline_parallel_size=2, backend="mp") == "node"
+    assert mode(tensor_parallel_size=2) == "off"  # Ray's stage picks its 'ray' executor
+    assert mode(tensor_parallel_size=2, backend="ray") == "off"
+    sharded = {"load_format": "runai_streamer_sharded"}
+    assert mode(tensor_parallel_size=2, backend="mp", **sharded) == "off"
+    assert mode(sharing="off") == "off"
+    # the CPU build's builder gives parallel engines 'mp' in its updates: they count
+    config = StreamingvLLMEngineProcessorConfig(
+        model_source="s3://models/m/", engine_kwargs={**STREAM, "tensor_parallel_size": 2}
+    )
+    updates = {"engine_kwargs": {**config.engine_kwargs, "distributed_executor_backend": "mp"}}
+    assert resolve_sharing(config, updates, engine_on_cpu=True).mode == "node"
+    # 'node' where a worker may be elsewhere: refused on the driver, naming the fix
+    with pytest.raises(InvalidSettingError, match="distributed_executor_backend'\\]='mp'"):
+        mode(sharing="node", tensor_parallel_size=2, backend="ray")
 
 
 def _engine_remote_args(model_dir: str, **fields) -> dict:
