@@ -245,6 +245,15 @@ class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
         "count against the node's memory check and are dropped first when a new model "
         "needs the room.",
     )
+    weight_peers: int = Field(
+        default=2,
+        ge=0,
+        description="Shared weights on a Ray cluster of several nodes: a node fills its "
+        "copy from another node's copy over Ray, so that the store serves the weights once "
+        "for the cluster. The nodes form a tree in which each serves at most this many "
+        "others at once, while it still fills; a peer that fails or stalls is replaced by "
+        "another, or by the store. 0: each node reads the store.",
+    )
     compile_cache_uri: str | None = Field(
         default=None,
         description="Streamed load formats: an s3://, gs:// or az:// prefix (reached with the "

@@ -44,7 +44,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,7 @@ class Sharing:
     engine_resources: dict[str, float] = dataclasses.field(default_factory=dict)
     pull_timeout_s: float | None = None  # the store's budget per call (None: the default)
     keep_warm_s: float = 0.0  # how long a complete region outlives its last engine
+    peers: int = 0  # nodes a node serves at once (weights/peers.py); 0: each reads the store
 
     def node_can_host_an_engine(self) -> bool:
         """Whether this node has the resources one engine asks for (a CPU-only node of a
@@ -274,6 +275,7 @@ class NodeWeights:
                     "timeout_s": self.sharing.pull_timeout_s,
                     "keep_warm_s": self.sharing.keep_warm_s,
                     "required": self.sharing.required,
+                    "peers": self.sharing.peers,
                 }
                 (self.region / CREATED).write_text(json.dumps(marker))
                 created = True
@@ -425,21 +427,24 @@ def _md5_of(etag: str) -> str | None:
     return etag.lower() if hexdigits else None
 
 
-def _pull_file(
-    client: Any, uri: ModelURI, obj: ObjectInfo, path: Path, deadline: StoreDeadline, pool: Any
-) -> int:
-    """One object into its region file with parallel ranged GETs pinned to the listed ETag;
-    the bytes written. Every range is checked for length, the written total against the
-    listing, and the MD5 against the ETag where the ETag is one (hashed in order, while the
-    ranges after it are still arriving)."""
-    from ray_stream_llm import stores
+Read = Callable[[str, int, int], bytes]  # (object path, first byte, last byte) -> bytes
 
+
+def _pull_file(uri: ModelURI, obj: ObjectInfo, region: Path, read: Read, pool: Any) -> int:
+    """One object into its region file with parallel ranged reads (the store's GETs pinned
+    to the listed ETag, or a peer's region); the bytes written. Every range is checked for
+    length, the written total against the listing, and the MD5 against the ETag where the
+    ETag is one (hashed in order, while the ranges after it are still arriving). The
+    file's contiguous prefix is recorded as it grows, for the peers it serves."""
+    from ray_stream_llm.weights import peers
+
+    path = region / obj.path
     ranges = [(s, min(s + CHUNK, obj.size) - 1) for s in range(0, obj.size, CHUNK)]
     digest = hashlib.md5(usedforsecurity=False) if _md5_of(obj.etag) else None
     fd = os.open(path, os.O_WRONLY)
 
     def fetch(span: tuple[int, int]) -> tuple[int, bytes | None]:
-        data = stores.read(client, uri, obj.path, deadline, span[0], span[1], etag=obj.etag)
+        data = read(obj.path, span[0], span[1])
         if len(data) != span[1] - span[0] + 1:
             raise RayStreamLLMError(
                 f"{obj.path!r} of {str(uri)!r}: got {len(data)} bytes for bytes "
@@ -458,6 +463,7 @@ def _pull_file(
         while window:
             wrote, data = window.popleft().result()
             written += wrote
+            peers.record_progress(region, obj.path, written)  # in order: no gap before
             if digest is not None and data is not None:
                 digest.update(data)
             for span in itertools.islice(pending, 1):
@@ -510,18 +516,37 @@ def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock_fd:
                 "shared: run the job again to load the new version"
             )
         missing = [o for o in objects if not done(region, o.path)]
+        etags = {o.path: o.etag for o in objects}
+
+        def store_read(name: str, first: int, last: int) -> bytes:
+            return stores.read(client, uri, name, deadline, first, last, etag=etags[name])
+
+        read: Read = store_read
+        peer = None
+        if missing and _marker(region).get("peers"):
+            from ray_stream_llm.weights import peers
+
+            peer = peers.join(region, store_read, int(_marker(region)["peers"]))
+            read = peer or store_read
         with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
             for obj in missing:  # file by file, its ranges in parallel
-                pulled += _pull_file(client, uri, obj, region / obj.path, deadline, pool)
+                pulled += _pull_file(uri, obj, region, read, pool)
                 _mark(region, obj.path).write_text(str(obj.size))
-        status = {"started": started, "finished": time.time(), "bytes": pulled, "pid": os.getpid()}
+        status: dict[str, Any] = {
+            "started": started,
+            "finished": time.time(),
+            "bytes": pulled,
+            "pid": os.getpid(),
+        }
+        status.update(peer.status() if peer else {"source": "store"})
         (region / ".pull.json").write_text(json.dumps(status))
         logger.info(
-            "Pulled %d bytes of %s into %s in %.2fs (shared by this node's engines)",
+            "Pulled %d bytes of %s into %s in %.2fs from %s (shared by this node's engines)",
             pulled,
             uri,
             region,
             time.time() - started,
+            status["source"],
         )
     except Exception as exc:  # every waiting engine fails with it
         if _exiting(exc):  # this process is going away, not the store: a waiter takes over

@@ -251,6 +251,7 @@ def resolve_sharing(
         engine_resources=_engine_bundle(config, updates, engine_on_cpu),
         pull_timeout_s=config.object_store.timeout_s if config.object_store else None,
         keep_warm_s=config.keep_warm_s,
+        peers=config.weight_peers,
     )
 
 

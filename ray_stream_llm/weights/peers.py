@@ -1,0 +1,347 @@
+"""A node's region filled from another node's region over Ray: one store read per cluster.
+
+Where the plan shares weights with peers (``weight_peers``, the fan-out, 2 by default) and
+the Ray cluster has more than one node, each node's puller (:func:`ray_stream_llm.weights.
+region.start_pull`) first joins the model's *directory*: a detached Ray actor named for the
+region's key (``rsl-peers-<key>``, namespace ``ray_stream_llm``, created by the first node
+that asks, atomically). Every node also starts its *server*, a detached actor pinned to its
+node (``rsl-peer-<key>-<node>``) that reads ranges of the node's region files for other
+nodes. The directory gives each node that joins a parent: the earliest node that serves
+fewer than ``weight_peers`` others and is not below it in the tree (a tree, not a star: a
+node serves while it fills), or none: that node reads the store. The copy goes range by
+range through Ray's object manager; a range is served once the parent has it (its puller
+records each file's contiguous prefix in ``.progress/<name>``), so a node's engines stream
+while the tree still fills. ``.peer.json`` in each region says where it reads from.
+
+What a peer serves is held to the same checks as the store's bytes: the region's key is
+the model's URI with each object's size and ETag, so a parent holds the objects of the
+store's listing that the child itself made (the child lists the store first, and its pull
+refuses objects that changed); each range's length is checked, the file's total against
+the listing, and its MD5 against the ETag where the ETag is one. A parent that dies, fails
+or stalls for :data:`STALL_S` is reported lost: the directory hands the node another parent,
+or the store, and the pull goes on from the range it was at, pinned to the same ETag.
+
+The actors end themselves: a server when its node's region is removed (it tells the
+directory), the directory when its last server has left.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "ray_stream_llm"
+STALL_S = 60.0  # seconds a parent may serve nothing new before it is given up
+POLL_S = 0.02
+
+
+def directory_name(key: str) -> str:
+    return f"rsl-peers-{key}"
+
+
+def server_name(key: str, node: str) -> str:
+    return f"rsl-peer-{key}-{node[:16]}"
+
+
+def progress(region: Path, name: str) -> int:
+    """Bytes of ``name`` in ``region`` from its start with no gap (what may be served)."""
+    try:
+        return int((region / ".progress" / name).read_text() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def record_progress(region: Path, name: str, nbytes: int) -> None:
+    folder = region / ".progress"
+    folder.mkdir(exist_ok=True)
+    tmp = folder / f".{name}.{os.getpid()}"
+    tmp.write_text(str(nbytes))
+    os.replace(tmp, folder / name)
+
+
+class Directory:
+    """The tree of one region's nodes (a detached actor, one per region key)."""
+
+    def __init__(self, fanout: int) -> None:
+        self.fanout = fanout
+        self.members: dict[str, dict[str, Any]] = {}  # node -> server, parent, order
+        self.joined = 0
+
+    def _children(self, node: str) -> int:
+        return sum(1 for m in self.members.values() if m["parent"] == node)
+
+    def _below(self, node: str, other: str) -> bool:
+        """Whether ``other`` is ``node`` or below it in the tree."""
+        seen: set[str] = set()
+        current: str | None = other
+        while current is not None and current not in seen:
+            if current == node:
+                return True
+            seen.add(current)
+            current = self.members.get(current, {}).get("parent")
+        return False
+
+    def _parent_for(self, node: str) -> tuple[str | None, Any]:
+        candidates = sorted(
+            (m["order"], n)
+            for n, m in self.members.items()
+            if not self._below(node, n) and self._children(n) < self.fanout
+        )
+        parent = candidates[0][1] if candidates else None
+        self.members[node]["parent"] = parent
+        return parent, (self.members[parent]["server"] if parent else None)
+
+    def join(self, node: str, server: Any) -> tuple[str | None, Any]:
+        """``node`` fills its region: its parent's node and server, or (None, None) for
+        the store."""
+        if node not in self.members:
+            self.joined += 1
+            self.members[node] = {"server": server, "parent": None, "order": self.joined}
+        self.members[node]["server"] = server
+        return self._parent_for(node)
+
+    def lost(self, node: str, peer: str) -> tuple[str | None, Any]:
+        """``node`` could not read from ``peer``: ``peer`` leaves the tree (its children
+        are given new parents when they ask), ``node`` gets another parent or the store."""
+        self.members.pop(peer, None)
+        for member in self.members.values():
+            if member["parent"] == peer:
+                member["parent"] = None
+        if node not in self.members:
+            return None, None
+        return self._parent_for(node)
+
+    def leave(self, node: str) -> None:
+        """``node``'s region is gone; the directory ends with its last node."""
+        self.members.pop(node, None)
+        for member in self.members.values():
+            if member["parent"] == node:
+                member["parent"] = None
+        if not self.members:
+            import ray
+
+            ray.actor.exit_actor()
+
+    def tree(self) -> dict[str, str | None]:
+        """Each node's parent (None: the store)."""
+        return {n: m["parent"] for n, m in self.members.items()}
+
+
+class Server:
+    """Ranges of one node's region for other nodes (a detached actor pinned to the node)."""
+
+    def __init__(self, region: str) -> None:
+        self.region = Path(region)
+        self._watching = False
+
+    def read(self, name: str, start: int, end: int) -> bytes:
+        """Bytes ``start``..``end`` (inclusive) of ``name`` once this node has them; raises
+        when its pull failed, its region went, or nothing new came in for STALL_S."""
+        from ray_stream_llm.weights.region import CREATED, UNSHARED, done
+
+        last, since = -1, time.monotonic()
+        while True:
+            have = progress(self.region, name)
+            if have > end or done(self.region, name):
+                with open(self.region / name, "rb") as f:
+                    return os.pread(f.fileno(), end - start + 1, start)
+            for mark in (".failed", UNSHARED):
+                if (self.region / mark).exists():
+                    raise RuntimeError(f"{self.region} cannot serve {name}: its pull stopped")
+            if not (self.region / CREATED).exists():
+                raise FileNotFoundError(f"{self.region} was removed")
+            if have != last:
+                last, since = have, time.monotonic()
+            elif time.monotonic() - since > STALL_S:
+                raise TimeoutError(f"{self.region}: {name} stuck at {have} bytes for {STALL_S}s")
+            time.sleep(POLL_S)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def serve_until_gone(self, directory: str, node: str) -> None:
+        """Runs once per server: when the region is removed, leave the tree and end."""
+        if self._watching:
+            return
+        self._watching = True
+        from ray_stream_llm.weights.region import CREATED
+
+        while (self.region / CREATED).exists():
+            time.sleep(0.5)
+        import ray
+
+        try:
+            ray.get_actor(directory, namespace=NAMESPACE).leave.remote(node)
+        except ValueError:
+            pass  # the directory ended already
+        ray.actor.exit_actor()
+
+
+@functools.cache
+def _actor_class(cls: type) -> Any:
+    import ray
+
+    return ray.remote(cls)
+
+
+def cluster_nodes() -> int:
+    import ray
+
+    return sum(1 for n in ray.nodes() if n.get("Alive"))
+
+
+class PeerRead:
+    """A node's reads of its region's files: from its parent in the tree, or the store
+    (``store_read``) when it has none; a parent that fails is reported and replaced."""
+
+    def __init__(
+        self,
+        region: Path,
+        directory: Any,
+        node: str,
+        parent: tuple[str | None, Any],
+        server_pid: int,
+        store_read: Callable[[str, int, int], bytes],
+    ):
+        self.region, self.directory, self.node = region, directory, node
+        self.parent, self.server = parent
+        self.server_pid = server_pid
+        self.store_read = store_read
+        self.lock = threading.Lock()
+        self.generation = 0
+        self.peer_bytes = 0
+        self.store_bytes = 0
+        self.lost: list[str] = []
+        self._record()
+
+    def _record(self) -> None:
+        """``.peer.json``: this node, where it reads from, the pid of its own server."""
+        record = {"node": self.node[:16], "server_pid": self.server_pid, **self.status()}
+        tmp = self.region / f".peer.json.{os.getpid()}"
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, self.region / ".peer.json")
+
+    def __call__(self, name: str, start: int, end: int) -> bytes:
+        import ray
+
+        while True:
+            with self.lock:
+                parent, server, generation = self.parent, self.server, self.generation
+            if parent is None:
+                data = self.store_read(name, start, end)
+                with self.lock:
+                    self.store_bytes += len(data)
+                return data
+            try:
+                data = ray.get(server.read.remote(name, start, end), timeout=STALL_S + 30)
+            except Exception as exc:  # the peer died, failed or stalled: another source
+                self._replace(parent, generation, exc)
+                continue
+            with self.lock:
+                self.peer_bytes += len(data)
+            return data
+
+    def _replace(self, parent: str, generation: int, exc: BaseException) -> None:
+        import ray
+
+        with self.lock:
+            if self.generation != generation:
+                return  # another range reported it already
+            self.generation += 1
+            self.lost.append(parent)
+            try:
+                self.parent, self.server = ray.get(
+                    self.directory.lost.remote(self.node, parent), timeout=30
+                )
+            except Exception as err:  # the directory is gone too: the store
+                logger.warning("The peers' directory is gone (%s): reading the store", err)
+                self.parent, self.server = None, None
+            logger.warning(
+                "Peer node %s stopped serving (%s: %s); reading from %s",
+                parent[:16],
+                type(exc).__name__,
+                (str(exc).splitlines() or [""])[0][:300],
+                f"node {self.parent[:16]}" if self.parent else "the store",
+            )
+            self._record()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "source": f"peer {self.parent[:16]}" if self.parent else "store",
+            "peer_bytes": self.peer_bytes,
+            "store_bytes": self.store_bytes,
+            "peers_lost": [p[:16] for p in self.lost],
+        }
+
+
+def join(
+    region: Path, store_read: Callable[[str, int, int], bytes], fanout: int
+) -> PeerRead | None:
+    """In a Ray worker pulling ``region`` on a cluster of several nodes: this node's server
+    started, the tree joined; the reads to pull with, or None (one node, not in Ray, or
+    Ray refused: the store, as without peers)."""
+    import ray
+
+    if not ray.is_initialized() or cluster_nodes() < 2:
+        return None
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node = ray.get_runtime_context().get_node_id()
+    key = region.name
+    try:
+        server = (
+            _actor_class(Server)
+            .options(
+                name=server_name(key, node),
+                namespace=NAMESPACE,
+                lifetime="detached",
+                get_if_exists=True,
+                num_cpus=0,
+                max_concurrency=64,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+            )
+            .remote(str(region))
+        )
+        server.serve_until_gone.remote(directory_name(key), node)
+        for attempt in range(3):  # a directory that ended as this node asked: make another
+            directory = (
+                _actor_class(Directory)
+                .options(
+                    name=directory_name(key),
+                    namespace=NAMESPACE,
+                    lifetime="detached",
+                    get_if_exists=True,
+                    num_cpus=0,
+                )
+                .remote(fanout)
+            )
+            try:
+                parent = ray.get(directory.join.remote(node, server), timeout=60)
+                break
+            except ray.exceptions.RayActorError:
+                if attempt == 2:
+                    raise
+        server_pid = ray.get(server.pid.remote(), timeout=60)
+    except Exception as exc:
+        logger.warning(
+            "Could not join the peers of %s (%s: %s): this node reads the store",
+            region,
+            type(exc).__name__,
+            exc,
+        )
+        return None
+    logger.info(
+        "Weights of %s from %s",
+        region,
+        f"peer node {parent[0][:16]}" if parent[0] else "the store",
+    )
+    return PeerRead(region, directory, node, parent, server_pid, store_read)

@@ -1,0 +1,194 @@
+"""A node's region filled from another node's over Ray (issue 22, weights/peers.py): three
+Ray nodes on this machine (``ray.cluster_utils.Cluster``), each with its own object store,
+so what one node serves another crosses Ray's object manager. The store sits behind a
+link of 1 MiB/s (a bucket's share), so the tree fills while its root still reads. Measured
+by the store's access log, the regions' bytes and the pulls' own status."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import pytest
+from helpers.s3log import AccessLog, copy_model, prefix_of
+
+from ray_stream_llm.fetch import fetch_metadata_report
+from ray_stream_llm.tools.link import Link
+from ray_stream_llm.weights import peers
+from ray_stream_llm.weights import region as node_weights
+
+pytestmark = [pytest.mark.s3, pytest.mark.e2e]
+
+NODES = ("node_a", "node_b", "node_c")
+
+
+@pytest.fixture
+def base():
+    path = Path("/dev/shm") / f"rsl-test-{os.getpid()}-{time.monotonic_ns()}"
+    yield path
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster(work, monkeypatch):
+    """Three Ray nodes, one user slot each; the driver connected."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    monkeypatch.setenv("RAY_TMPDIR", str(work))
+    made = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "resources": {NODES[0]: 1}, "include_dashboard": False},
+    )
+    for name in NODES[1:]:
+        made.add_node(num_cpus=1, resources={name: 1})
+    yield made
+    ray.shutdown()
+    made.shutdown()
+
+
+def _users(cluster, env, uri, base):
+    import ray
+
+    ray.init(address=cluster.address, runtime_env={"env_vars": env})
+
+    @ray.remote(num_cpus=0.1)
+    class User:
+        def __init__(self, uri_text, base_dir):
+            from ray_stream_llm.fetch import fetch_metadata_report
+            from ray_stream_llm.uri import parse_model_uri
+            from ray_stream_llm.weights.region import NodeWeights, Sharing
+
+            report = fetch_metadata_report(uri_text)
+            self.objects = report.weight_objects
+            self.weights = NodeWeights(
+                parse_model_uri(report.uri),
+                report.weight_objects,
+                Sharing("node", base=base_dir, peers=True),
+            )
+            self.region = self.weights.acquire()
+
+        def where(self):
+            return self.region, ray.get_runtime_context().get_node_id()
+
+        def wait(self):
+            from ray_stream_llm.weights.region import wait_for
+
+            for o in self.objects:
+                wait_for(f"{self.region}/{o.path}", timeout=300)
+
+        def done(self):
+            self.weights.release()
+
+    return [User.options(resources={n: 1}).remote(uri, str(base)) for n in NODES]
+
+
+def _named_actors():
+    import ray
+
+    return [
+        a
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == "ray_stream_llm"
+    ]
+
+
+def _finish(users, regions):
+    """Every user lets go; every region and every peer actor is gone."""
+    import ray
+
+    ray.get([u.done.remote() for u in users])
+    deadline = time.monotonic() + 30
+    while any(Path(r).exists() for r in regions) or _named_actors():
+        assert time.monotonic() < deadline, (
+            [r for r in regions if Path(r).exists()],
+            _named_actors(),
+        )
+        time.sleep(0.5)
+
+
+def _statuses(regions):
+    return {r: json.loads((Path(r) / ".pull.json").read_text()) for r in regions}
+
+
+def test_three_nodes_read_the_store_once_and_fill_from_each_other(
+    s3_server, s3_env, tiny_models, base, cluster
+):
+    """One node reads the store; the other two fill from it (or from each other) over Ray
+    while it still reads; every region equals the store's bytes; the store served each
+    weight object once for the cluster; nothing is left after the users let go."""
+    import ray
+
+    model = copy_model(s3_server, tiny_models["sharded"], "peers-once")
+    objects = fetch_metadata_report(model.uri).weight_objects
+    size = sum(o.size for o in objects)
+    log = AccessLog(s3_server)
+    with Link(s3_server.port, rate=1 << 20, burst=256 << 10) as link:
+        users = _users(cluster, link.store_env(dict(s3_env)), model.uri, base)
+        where = ray.get([u.where.remote() for u in users])
+        ray.get([u.wait.remote() for u in users])
+    regions = [r for r, _ in where]
+    assert len(set(regions)) == 3 and len({n for _, n in where}) == 3  # a region per node
+    for region in regions:
+        for o in objects:
+            assert (Path(region) / o.path).read_bytes() == (model.local / o.path).read_bytes()
+    gets = log.gets(prefix_of(model.uri))
+    assert {k: v for k, v in gets.items() if k.endswith(".safetensors")} == {
+        prefix_of(model.uri) + o.path: math.ceil(o.size / node_weights.CHUNK) for o in objects
+    }  # once for the cluster
+    status = _statuses(regions)
+    print(json.dumps(status, indent=1))
+    [root] = [r for r, s in status.items() if s["source"] == "store"]
+    children = [s for r, s in status.items() if r != root]
+    assert all(s["source"].startswith("peer ") and s["store_bytes"] == 0 for s in children)
+    assert all(s["peer_bytes"] == size for s in children)
+    # the children filled while the root still read the store (1 MiB/s: seconds)
+    assert all(s["started"] < status[root]["finished"] for s in children)
+    _finish(users, regions)
+
+
+def test_a_peer_killed_mid_copy_is_replaced_and_every_region_completes(
+    s3_server, s3_env, tiny_models, base, cluster
+):
+    """The root's server is killed while the others copy from it: they report it lost, the
+    directory gives one of them the store and the other that one (never a cycle), and every
+    region completes with the store's bytes."""
+    import ray
+
+    model = copy_model(s3_server, tiny_models["sharded"], "peers-kill")
+    objects = fetch_metadata_report(model.uri).weight_objects
+    with Link(s3_server.port, rate=1 << 20, burst=256 << 10) as link:
+        users = _users(cluster, link.store_env(dict(s3_env)), model.uri, base)
+        where = ray.get([u.where.remote() for u in users])
+        regions = [r for r, _ in where]
+        key = Path(regions[0]).name
+        directory = ray.get_actor(peers.directory_name(key), namespace=peers.NAMESPACE)
+        deadline = time.monotonic() + 60
+        while len(tree := ray.get(directory.tree.remote())) < 3:
+            assert time.monotonic() < deadline, tree
+            time.sleep(0.1)
+        [root] = [n for n, parent in tree.items() if parent is None]
+        # mid-copy: the root has part of the weights, not all
+        root_region = next(r for r, n in where if n == root)
+        while not any(peers.progress(Path(root_region), o.path) for o in objects):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert not all(node_weights.done(Path(root_region), o.path) for o in objects)
+        ray.kill(ray.get_actor(peers.server_name(key, root), namespace=peers.NAMESPACE))
+        ray.get([u.wait.remote() for u in users])
+    for region in regions:
+        for o in objects:
+            assert (Path(region) / o.path).read_bytes() == (model.local / o.path).read_bytes()
+    status = _statuses(regions)
+    print(json.dumps(status, indent=1))
+    children = [s for r, s in status.items() if r != root_region]
+    assert all(s["peers_lost"] == [root[:16]] or s["peers_lost"] == [] for s in children)
+    assert any(s["peers_lost"] == [root[:16]] for s in children)
+    # one of them took the store over, the other copied from it
+    assert sorted(s["source"].split()[0] for s in children) == ["peer", "store"]
+    _finish(users, regions)
