@@ -438,13 +438,15 @@ def demo(workdir: str | None) -> None:
 )
 @click.option(
     "--suite",
-    type=click.Choice(["cold-start", "sharing", "warm", "all"]),
+    type=click.Choice(["cold-start", "sharing", "warm", "cluster", "all"]),
     default="cold-start",
     show_default=True,
     help="cold-start: streamed vs downloaded, streamer vs ceiling, metadata fetch; sharing: "
     "plain streaming, Ray's download path and node sharing with 1 and 2 engines behind a "
     "100 MiB/s link; warm: vLLM's default (compiling) start cold, on a warm node and on a "
-    "fresh node with the compile cache shipped through the store, 1 and 2 engines.",
+    "fresh node with the compile cache shipped through the store, 1 and 2 engines; "
+    "cluster: three Ray nodes pulling per node vs filling from each other (peers), one "
+    "engine and TP=2 from the store vs the node's region, behind one 100 MiB/s link.",
 )
 @click.option(
     "--layers",
@@ -465,7 +467,8 @@ def bench(
     """Benchmark on this machine: cold start streamed vs downloaded, streaming vs the store's
     ceiling, metadata fetch of 1/10/100-shard models (--suite cold-start); node sharing
     with 1 and 2 engines behind a capped link (--suite sharing); warm starts (--suite
-    warm); prints a table.
+    warm); where each engine's weights come from on three nodes, one engine and TP=2
+    (--suite cluster); prints a table.
 
     Uses a local S3 server and a generated random-weight model of about 1 GiB
     (cached). Takes a few minutes per run on 2 CPUs.
@@ -483,7 +486,7 @@ def bench(
 
     root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="rsl-bench-", dir="/tmp"))
     try:
-        suites = ("cold-start", "sharing", "warm") if suite == "all" else (suite,)
+        suites = ("cold-start", "sharing", "warm", "cluster") if suite == "all" else (suite,)
         result = run_cpu_benchmarks(
             root,
             repeat=repeat,

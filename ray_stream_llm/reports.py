@@ -60,7 +60,8 @@ class LoadReport:
     weight_sharing: str = "off"  # "node": streamed from the node's one pull; "off[: why]"
     weight_wait_seconds: float | None = None  # waiting for the node's pull, while streaming
     pull_hidden_seconds: float | None = None  # of the node's pull, before this engine streamed
-    pull_bytes: int | None = None  # what the node's one pull read from the store
+    pull_bytes: int | None = None  # what the node's one pull read (from the store or a peer)
+    pull_source: str | None = None  # where it read: "store", or "peer <node id>" (weights/peers)
     ranks: list[dict[str, Any]] | None = None  # per streaming process (rank): bytes, seconds
     # vLLM's compile phase (integrations/vllm/compile_cache.py): seconds in vLLM's torch.compile
     # blocks (the slowest rank), and "hit" / "miss" / "load failed: <vLLM's reason>"
@@ -220,6 +221,7 @@ def build_report(
         weight_wait_seconds=waited,
         pull_hidden_seconds=hidden,
         pull_bytes=int(pull["bytes"]) if pull is not None else None,
+        pull_source=pull.get("source") if pull is not None else None,
         ranks=rank_figures(done, sizes) if done else None,
         compile_seconds=compile_seconds,
         compile_cache=compile_cache,

@@ -467,7 +467,20 @@ def _figures(run: dict[str, Any]) -> list[tuple[str, float, str, str]]:
             value = result[name]
             if not (isinstance(value, float) and math.isnan(value)):
                 rows.append((f"warm.{key}.{name}", float(value), unit, kind))
+    for key, result in run.get("cluster", {}).items():  # tools/bench_cluster.py
+        for name, unit, kind in CLUSTER_FIGURES:
+            value = result[name]
+            if not (isinstance(value, float) and math.isnan(value)):
+                rows.append((f"cluster.{key}.{name}", float(value), unit, kind))
     return rows
+
+
+CLUSTER_FIGURES = (
+    ("store_bytes", "B", "THROUGHPUT"),
+    ("slowest_ready_seconds", "s", "LATENCY"),
+    ("slowest_weight_seconds", "s", "LATENCY"),
+    ("first_row_seconds", "s", "LATENCY"),
+)
 
 
 WARM_FIGURES = (
@@ -605,6 +618,15 @@ def run_all(
             run["warm"] = warm_starts(
                 store.model_uri, store.env, store.port, workdir / f"run-{k}", progress=progress
             )
+        if "cluster" in suites:
+            from ray_stream_llm.tools.bench_cluster import cluster
+
+            if store.port is None:
+                raise ValueError("the cluster benchmark needs the local store's port")
+            progress(f"Run {k}/{repeat}: three nodes, one engine, TP=2 (capped link) ...")
+            run["cluster"] = cluster(
+                store.model_uri, store.env, store.port, workdir / f"run-{k}", progress=progress
+            )
         runs.append(run)
     return BenchResult(runs=runs, environment=environment(store))
 
@@ -648,6 +670,13 @@ THRESHOLDS = {
         "max",
         1.05,
     ),
+    # one store read per cluster (issue 22): three nodes with peers, and one engine's region
+    "RSL_BENCH_MAX_PEERS_STORE_X": ("cluster.peers.3.store_bytes_x_model", "max", 1.1),
+    "RSL_BENCH_MAX_REGION_WEIGHT_RATIO_1": (
+        "cluster.region.1_over_streamed.1.slowest_weight_seconds",
+        "max",
+        None,
+    ),
 }
 
 
@@ -671,9 +700,10 @@ def check_thresholds(result: BenchResult, environ: dict[str, str] | None = None)
         derived["metadata.max_seconds"] = max(metadata)
     model_bytes = result.environment.get("model", {}).get("bytes")
     if model_bytes:
-        from ray_stream_llm.tools.bench_sharing import ratios
+        from ray_stream_llm.tools import bench_cluster, bench_sharing
 
-        derived.update(ratios(series, model_bytes))
+        derived.update(bench_sharing.ratios(series, model_bytes))
+        derived.update(bench_cluster.ratios(series, model_bytes))
     from ray_stream_llm.tools import bench_warm
 
     derived.update(bench_warm.ratios(series))

@@ -64,10 +64,27 @@ def run_spec(spec_path: str) -> JobResult:
     after it; its :class:`ray_stream_llm.tools.job.JobResult`."""
     import ray
 
+    spec = json.loads(Path(spec_path).read_text())
+    cluster = None
+    if spec.get("nodes"):  # several Ray nodes on this machine (tools/bench_cluster.py)
+        from ray_stream_llm.tools.job import local_cluster
+
+        cluster = local_cluster(spec["nodes"], spec["ray_temp_dir"])
+    elif spec.get("address"):  # a running cluster (the release tests' GPU nodes)
+        ray.init(address=spec["address"], log_to_driver=True)
+    try:
+        result = _run(spec)
+    finally:
+        ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+    return result
+
+
+def _run(spec: dict[str, Any]) -> JobResult:
     from ray_stream_llm.tools.job import run_job
 
-    spec = json.loads(Path(spec_path).read_text())
-    result = run_job(
+    return run_job(
         spec["model"],
         spec["prompts"],
         load_format=spec["load_format"],
@@ -78,8 +95,6 @@ def run_spec(spec_path: str) -> JobResult:
         sampling=spec.get("sampling"),
         config_kwargs=spec.get("config"),
     )
-    ray.shutdown()
-    return result
 
 
 def _job_main(spec_path: str, out_path: str) -> None:

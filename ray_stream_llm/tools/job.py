@@ -24,6 +24,31 @@ CPU_ENGINE_KWARGS: dict[str, Any] = {
 }
 
 
+def local_cluster(nodes: Sequence[dict[str, Any]], ray_temp_dir: str) -> Any:
+    """Ray nodes on this machine (``ray.cluster_utils.Cluster``: a raylet and object store
+    each; ``nodes``' entries are ``add_node`` arguments, the first the head's), joined by
+    this process; the cluster (``shutdown()`` it, after ``ray.shutdown()``)."""
+    import tempfile
+
+    import ray
+    from ray.cluster_utils import Cluster
+
+    for key, value in LOCAL_ENV.items():  # the raylets' environment, as run_job's
+        os.environ.setdefault(key, value)
+    # where Cluster writes the head's address (ray.init makes it; Cluster does not)
+    os.makedirs(os.path.join(tempfile.gettempdir(), "ray"), exist_ok=True)
+    head, *others = nodes
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={**head, "include_dashboard": False, "temp_dir": ray_temp_dir},
+    )
+    for node in others:
+        cluster.add_node(**node)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=True)
+    return cluster
+
+
 @dataclasses.dataclass
 class JobResult:
     rows: list[dict[str, Any]]

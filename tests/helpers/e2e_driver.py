@@ -51,6 +51,7 @@ def main() -> None:
         ).start()
 
     cluster = start_cluster(spec) if spec.get("nodes") else None
+    peer_actors_left = None
     results = []
     try:
         with typed_errors():  # what a user's `except WeightLoadError` sees
@@ -69,6 +70,8 @@ def main() -> None:
                         metrics_export_port=spec.get("metrics_port"),
                     )
                 )
+        if cluster is not None:
+            peer_actors_left = _peer_actors_after_the_job()
     except RayStreamLLMError as exc:
         error = {
             "class": type(exc).__name__,
@@ -104,37 +107,37 @@ def main() -> None:
             }
         )
         seen = len(result.load_reports)
-    out = {**outs[-1], "metrics": metrics}
+    out = {**outs[-1], "metrics": metrics, "peer_actors_left": peer_actors_left}
     if spec.get("runs"):
         out["runs"] = outs
     with open(sys.argv[2], "w") as f:
         json.dump(out, f)
 
 
-def start_cluster(spec: dict):
-    """The spec's Ray nodes on this machine, joined by this driver."""
-    import os
-    import tempfile
+def _peer_actors_after_the_job(timeout: float = 30.0) -> list:
+    """The peers' actors (weights/peers.py) still alive ``timeout`` s after the job: they
+    end themselves once the nodes' regions are gone."""
+    import time
 
     import ray
-    from ray.cluster_utils import Cluster
 
-    from ray_stream_llm.commands import LOCAL_ENV
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [
+            a["name"]
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == "ray_stream_llm"
+        ]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
 
-    for key, value in LOCAL_ENV.items():  # the raylets' environment, as run_job's
-        os.environ.setdefault(key, value)
-    # where Cluster writes the head's address (ray.init makes it; Cluster does not)
-    os.makedirs(os.path.join(tempfile.gettempdir(), "ray"), exist_ok=True)
-    head, *others = spec["nodes"]
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={**head, "include_dashboard": False, "temp_dir": spec["ray_temp_dir"]},
-    )
-    for node in others:
-        cluster.add_node(**node)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=True)
-    return cluster
+
+def start_cluster(spec: dict):
+    """The spec's Ray nodes on this machine, joined by this driver."""
+    from ray_stream_llm.tools.job import local_cluster
+
+    return local_cluster(spec["nodes"], spec["ray_temp_dir"])
 
 
 if __name__ == "__main__":  # vLLM spawns processes: the guard is required
