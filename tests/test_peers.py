@@ -270,7 +270,7 @@ def test_a_job_on_three_nodes_reads_the_store_once_and_survives_a_dead_peer(
     segment is left."""
     import threading
 
-    from helpers.jobs import run_isolated
+    from helpers.jobs import run_isolated, store_through
     from helpers.s3log import AccessLog
 
     from ray_stream_llm.weights.region import DEFAULT_BASE
@@ -280,8 +280,10 @@ def test_a_job_on_three_nodes_reads_the_store_once_and_survives_a_dead_peer(
     log = AccessLog(s3_server)
     seen: dict = {}
     stop = threading.Event()
-    slot = {"num_cpus": 2, "resources": {"slot": 1}}
-    with Link(s3_server.port, rate=48 << 10, burst=48 << 10) as link:
+    # room on each engine node for the engine and one actor of each CPU stage (Ray Data
+    # spreads those), so that no engine waits for a CPU
+    slot = {"num_cpus": 4, "resources": {"slot": 1}}
+    with Link(s3_server.port, rate=48 << 10, burst=256 << 10) as link:
         killer = threading.Thread(
             target=_kill_the_middle_mid_copy,
             args=(Path(DEFAULT_BASE), objects, model.local, seen, stop),
@@ -301,7 +303,10 @@ def test_a_job_on_three_nodes_reads_the_store_once_and_survives_a_dead_peer(
                     "concurrency": [3, 3],
                     "placement_group_config": {"bundles": [{"CPU": 1, "slot": 1}]},
                 },
-                env={**link.store_env({}), "RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S": "900"},
+                # the store's settings in the config, through the link; metadata shares
+                # the slow link with the root's pull: each call may take minutes
+                object_store={**store_through(s3_server, link.endpoint_url), "timeout_s": 300},
+                env={"RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S": "900"},
                 nodes=[{"num_cpus": 4}, slot, slot, slot],
             )
         finally:
@@ -312,10 +317,11 @@ def test_a_job_on_three_nodes_reads_the_store_once_and_survives_a_dead_peer(
     assert "too_late" not in seen and "killed" in seen, seen
     answers = {r["question"]: r["answer"] for r in out["rows"]}
     assert sorted(answers) == sorted(QUESTIONS) and all(answers.values()), out["rows"]
-    # the store served each weight object once for the three nodes
+    # the store served each weight object once for the three nodes: each 8 MiB range once,
+    # and the two reads of the driver's preflight (the header's length, then the header)
     gets = log.gets(prefix_of(model.uri))
     assert {k: v for k, v in gets.items() if k.endswith(".safetensors")} == {
-        prefix_of(model.uri) + o.path: math.ceil(o.size / node_weights.CHUNK) for o in objects
+        prefix_of(model.uri) + o.path: math.ceil(o.size / node_weights.CHUNK) + 2 for o in objects
     }, gets
     assert seen["equal"] and all(seen["equal"].values()), seen
     reports = out["load_reports"]
@@ -324,3 +330,28 @@ def test_a_job_on_three_nodes_reads_the_store_once_and_survives_a_dead_peer(
     # nothing left: regions (run_isolated waited for their reapers), peer actors, segments
     assert written == {} and out["peer_actors_left"] == [] and out["shm_left"] == []
     print(f"three nodes, a dead peer: {seconds:.1f}s, {link.bytes_down} bytes through the link")
+
+
+def test_the_directory_builds_a_tree_and_never_a_cycle():
+    """The directory's choices, without Ray: each node's parent is the earliest with room
+    (fan-out 2: a tree, not a star); a lost parent hands its children to other nodes that
+    are not below them, or to the store."""
+    d = peers.Directory(2)
+    assert d.join("a", "server-a") == (None, None)  # the first reads the store
+    assert d.join("b", "server-b") == ("a", "server-a")
+    assert d.join("c", "server-c") == ("a", "server-a")
+    assert d.join("d", "server-d") == ("b", "server-b")  # a serves two already
+    assert d.join("e", "server-e") == ("b", "server-b")
+    assert d.join("f", "server-f") == ("c", "server-c")
+    # b is lost: d and e get new parents with room (a serves c alone now)
+    assert d.lost("d", "b") == ("a", "server-a")
+    assert d.lost("e", "b") == ("c", "server-c")
+    assert d.tree() == {"a": None, "c": "a", "d": "a", "e": "c", "f": "c"}
+    # the root is lost: its children ask in turn, and never get one below themselves
+    assert d.lost("c", "a") == ("d", "server-d")
+    assert d.lost("d", "a") == (None, None)  # c, e and f are below d now: the store
+    d.leave("f")
+    assert d.tree() == {"c": "d", "d": None, "e": "c"}
+    chain = peers.Directory(1)
+    assert [chain.join(n, n)[0] for n in "xyz"] == [None, "x", "y"]
+    assert chain.lost("z", "y") == ("x", "x")  # the middle is lost: the tail goes to the root

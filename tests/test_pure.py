@@ -171,6 +171,7 @@ OURS = (
     "weight_sharing",
     "weight_sharing_dir",
     "keep_warm_s",
+    "weight_peers",
     "compile_cache_uri",
     "small_cluster_defaults",
 )

@@ -29,7 +29,8 @@ from ray_stream_llm.tools.link import Link
 
 DEFAULT_RATE = 100 << 20  # bytes/s: the cluster's share of a store link
 NODES = 3
-SLOT = {"num_cpus": 2, "resources": {"engine_slot": 1}}  # one engine per node
+# one engine per node, with room for one actor of each CPU stage (Ray Data spreads them)
+SLOT = {"num_cpus": 4, "resources": {"engine_slot": 1}}
 
 CASES: dict[str, dict[str, Any]] = {
     "per-node.3": {"nodes": NODES, "config": {"weight_sharing": "node", "weight_peers": 0}},

@@ -37,6 +37,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ray_stream_llm.weights.marks import CREATED, FAILED, UNSHARED, done, progress
+
 logger = logging.getLogger(__name__)
 
 NAMESPACE = "ray_stream_llm"
@@ -50,22 +52,6 @@ def directory_name(key: str) -> str:
 
 def server_name(key: str, node: str) -> str:
     return f"rsl-peer-{key}-{node[:16]}"
-
-
-def progress(region: Path, name: str) -> int:
-    """Bytes of ``name`` in ``region`` from its start with no gap (what may be served)."""
-    try:
-        return int((region / ".progress" / name).read_text() or 0)
-    except (OSError, ValueError):
-        return 0
-
-
-def record_progress(region: Path, name: str, nbytes: int) -> None:
-    folder = region / ".progress"
-    folder.mkdir(exist_ok=True)
-    tmp = folder / f".{name}.{os.getpid()}"
-    tmp.write_text(str(nbytes))
-    os.replace(tmp, folder / name)
 
 
 class Directory:
@@ -146,15 +132,13 @@ class Server:
     def read(self, name: str, start: int, end: int) -> bytes:
         """Bytes ``start``..``end`` (inclusive) of ``name`` once this node has them; raises
         when its pull failed, its region went, or nothing new came in for STALL_S."""
-        from ray_stream_llm.weights.region import CREATED, UNSHARED, done
-
         last, since = -1, time.monotonic()
         while True:
             have = progress(self.region, name)
             if have > end or done(self.region, name):
                 with open(self.region / name, "rb") as f:
                     return os.pread(f.fileno(), end - start + 1, start)
-            for mark in (".failed", UNSHARED):
+            for mark in (FAILED, UNSHARED):
                 if (self.region / mark).exists():
                     raise RuntimeError(f"{self.region} cannot serve {name}: its pull stopped")
             if not (self.region / CREATED).exists():
@@ -173,8 +157,6 @@ class Server:
         if self._watching:
             return
         self._watching = True
-        from ray_stream_llm.weights.region import CREATED
-
         while (self.region / CREATED).exists():
             time.sleep(0.5)
         import ray

@@ -57,6 +57,8 @@ from ray_stream_llm.errors import (
 )
 from ray_stream_llm.stores import ObjectInfo, StoreDeadline
 from ray_stream_llm.uri import ModelURI
+from ray_stream_llm.weights.marks import CREATED, FAILED, UNSHARED, done, record_progress
+from ray_stream_llm.weights.marks import mark as _mark
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +66,6 @@ DEFAULT_BASE = "/dev/shm/ray_stream_llm"
 CHUNK = 8 << 20  # bytes per ranged GET
 WORKERS = 16  # parallel ranged GETs, each on a connection of its own
 MARGIN = 512 << 20  # memory kept free beyond the weights
-CREATED = ".created"  # the region's marker: a file of a directory holding it is a region file
 MIN_PULL_RATE = 1 << 20  # bytes/s: a pull slower than this over its whole size is stuck
 
 
@@ -330,7 +331,7 @@ def _complete(region: Path) -> bool:
         objects = _objects_of(region)
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    return not (region / ".failed").exists() and all(done(region, o.path) for o in objects)
+    return not (region / FAILED).exists() and all(done(region, o.path) for o in objects)
 
 
 def _retire(region: Path) -> bool:
@@ -369,14 +370,6 @@ def _adopt_warm(region: Path) -> bool:
     return False
 
 
-def _mark(region: Path, name: str) -> Path:
-    return region / ".done" / f"{name}.ok"
-
-
-def done(region: Path, name: str) -> bool:
-    return _mark(region, name).exists()
-
-
 def _pull_free(region: Path) -> bool:
     """Whether no process is pulling into ``region`` (its pull lock is free)."""
     try:
@@ -403,7 +396,7 @@ def start_pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...]) -> 
     except BlockingIOError:
         os.close(fd)
         return False
-    (region / ".failed").unlink(missing_ok=True)  # a new attempt
+    (region / FAILED).unlink(missing_ok=True)  # a new attempt
     thread = threading.Thread(
         target=_pull, args=(region, uri, objects, fd), daemon=True, name="rsl-node-pull"
     )
@@ -436,8 +429,6 @@ def _pull_file(uri: ModelURI, obj: ObjectInfo, region: Path, read: Read, pool: A
     length, the written total against the listing, and the MD5 against the ETag where the
     ETag is one (hashed in order, while the ranges after it are still arriving). The
     file's contiguous prefix is recorded as it grows, for the peers it serves."""
-    from ray_stream_llm.weights import peers
-
     path = region / obj.path
     ranges = [(s, min(s + CHUNK, obj.size) - 1) for s in range(0, obj.size, CHUNK)]
     digest = hashlib.md5(usedforsecurity=False) if _md5_of(obj.etag) else None
@@ -463,7 +454,7 @@ def _pull_file(uri: ModelURI, obj: ObjectInfo, region: Path, read: Read, pool: A
         while window:
             wrote, data = window.popleft().result()
             written += wrote
-            peers.record_progress(region, obj.path, written)  # in order: no gap before
+            record_progress(region, obj.path, written)  # in order: no gap before
             if digest is not None and data is not None:
                 digest.update(data)
             for span in itertools.islice(pending, 1):
@@ -558,9 +549,6 @@ def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock_fd:
         os.close(lock_fd)
 
 
-UNSHARED = ".unshared"  # 'auto' gave the region up (it no longer fits): stream the store
-
-
 def _required(region: Path) -> bool:
     try:
         return bool(_marker(region).get("required"))
@@ -597,7 +585,7 @@ def _fail(region: Path, message: str) -> None:
     be written (the region's memory is full), an empty ``.failed``, which waiters read as
     a failure whose message was lost. Only a region that is gone takes no mark, and its
     waiters fail on that."""
-    failed = region / ".failed"
+    failed = region / FAILED
     try:
         failed.write_text(message)
     except OSError:
@@ -644,7 +632,7 @@ def wait_for(path: str, timeout: float | None = None) -> float:
     while not done(region, name):
         if (region / UNSHARED).exists():
             break
-        failed = region / ".failed"
+        failed = region / FAILED
         if failed.exists():
             message = failed.read_text() or "its message could not be written (memory full?)"
             raise RuntimeError(f"the shared pull of the weights failed: {message}")

@@ -1,0 +1,36 @@
+"""The marks in a node's region (``weights/region.py``) that its pull writes and its readers
+(engines on the node, peers on other nodes: ``weights/peers.py``) go by."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CREATED = ".created"  # the region's marker: a file of a directory holding it is a region file
+UNSHARED = ".unshared"  # 'auto' gave the region up (it no longer fits): stream the store
+FAILED = ".failed"  # the pull failed: the typed error, for every waiter
+
+
+def mark(region: Path, name: str) -> Path:
+    """The file that says ``name``'s bytes are all in and its size checked."""
+    return region / ".done" / f"{name}.ok"
+
+
+def done(region: Path, name: str) -> bool:
+    return mark(region, name).exists()
+
+
+def progress(region: Path, name: str) -> int:
+    """Bytes of ``name`` in ``region`` from its start with no gap (what a peer may serve)."""
+    try:
+        return int((region / ".progress" / name).read_text() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def record_progress(region: Path, name: str, nbytes: int) -> None:
+    folder = region / ".progress"
+    folder.mkdir(exist_ok=True)
+    tmp = folder / f".{name}.{os.getpid()}"
+    tmp.write_text(str(nbytes))
+    os.replace(tmp, folder / name)
