@@ -123,7 +123,8 @@ test-slow: setup
 	$(PYTEST) -m slow
 
 # The contract tests in each older tested Ray's environment; on Ray 2.48.0 also the
-# reproduction of ray-project/ray#55574; on vLLM 0.32 (over Ray 2.60) also the compile
+# reproduction of ray-project/ray#55574 and the peers' failover on three Ray nodes (the oldest
+# Ray's actors, names and object transfer); on vLLM 0.32 (over Ray 2.60) also the compile
 # cache's vLLM touch points and one streamed SmolLM2 job (docs/compatibility.md).
 # The store and fetch tests run where the store's packages may resolve differently (the older
 # Rays' environments), less the one that proves only the OS's file locks between processes;
@@ -133,6 +134,7 @@ STORE_CONTRACT := tests/test_store.py tests/test_fetch.py \
 	--deselect tests/test_fetch.py::test_concurrent_processes_download_once_and_never_show_a_partial_dir
 test-compat: setup-compat
 	$(COMPAT)2.48.0/bin/python -m pytest $(CONTRACT) $(STORE_CONTRACT) tests/test_issue_55574.py \
+	    tests/test_peers.py::test_a_peer_killed_mid_copy_is_replaced_and_every_region_completes \
 	    --durations=5 --junit-xml=$(DURATIONS)/ray-2.48.0.xml
 	$(COMPAT)2.54.1/bin/python -m pytest $(CONTRACT) $(STORE_CONTRACT) -m "not compat" \
 	    --durations=5 --junit-xml=$(DURATIONS)/ray-2.54.1.xml
