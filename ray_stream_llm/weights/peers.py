@@ -128,10 +128,15 @@ class Server:
     def __init__(self, region: str) -> None:
         self.region = Path(region)
         self._watching = False
+        # the only files it serves: the region's weight objects, as its marker lists them
+        meta = json.loads((self.region / CREATED).read_text())
+        self.names = frozenset(o["path"] for o in meta["objects"])
 
     def read(self, name: str, start: int, end: int) -> bytes:
         """Bytes ``start``..``end`` (inclusive) of ``name`` once this node has them; raises
         when its pull failed, its region went, or nothing new came in for STALL_S."""
+        if name not in self.names:
+            raise ValueError(f"{name!r} is not a weight file of {self.region}")
         last, since = -1, time.monotonic()
         while True:
             have = progress(self.region, name)
