@@ -248,8 +248,8 @@ def test_a_shared_region_keys_the_compile_cache_by_its_digest_not_its_node(tiny_
 def test_the_same_metadata_under_two_uris_keys_alike(tiny_layout, tmp_path):
     """Every engine's ``model`` is this library's metadata directory, named after the model's
     URI: with the plugin's key a copy of the model under another URI (the same files) gets
-    the same key, a changed config.json another, and a directory the library did not fetch
-    is keyed as vLLM keys it."""
+    the same key, streamed from the store or from the node's region, a changed config.json
+    another, and a directory the library did not fetch is keyed as vLLM keys it."""
     import json
     import shutil
 
@@ -257,6 +257,7 @@ def test_the_same_metadata_under_two_uris_keys_alike(tiny_layout, tmp_path):
     from vllm.engine.arg_utils import EngineArgs
 
     from ray_stream_llm.fetch import MARKER, _crc32
+    from ray_stream_llm.weights.marks import CREATED
 
     source = tiny_layout("single")
     names = sorted(p.name for p in source.iterdir() if p.is_file() and "safetensors" not in p.name)
@@ -299,6 +300,14 @@ def test_the_same_metadata_under_two_uris_keys_alike(tiny_layout, tmp_path):
         assert key(dirs["aaaa"]) == key(dirs["bbbb"]) != key(dirs["cccc"])
         assert config.model_config.model == str(dirs["cccc"])  # left as vLLM had it
         assert config.model_config.model_weights == "s3://c/m/"
+        # streamed from the node's region (named by a digest of the URI) or from the store:
+        # the same key, whatever the URI
+        region = tmp_path / "node-a" / "0123"
+        region.mkdir(parents=True)
+        (region / CREATED).write_text("{}")
+        streamed = key(dirs["aaaa"])
+        config.model_config.model_weights = str(region)
+        assert list(caching.aot_compile_hash_factors(config)) == streamed
         (dirs["bbbb"] / MARKER).unlink()  # not fetched by the library: vLLM's own key
         config.model_config.model = str(dirs["bbbb"])
         assert caching.aot_compile_hash_factors(config) == original(config)

@@ -162,9 +162,11 @@ def stable_key() -> bool:
     compile, on every Ray cluster the node joins), and ``model`` is this library's metadata
     directory, named after the model's URI (a new compile for the same model under another
     URI), and ``model_weights`` of an engine streaming from the store is the URI. The key
-    is computed with :func:`region_identity` and :func:`metadata_identity` instead, and
-    without the URI of streamed weights: where the files are never changes the compiled
-    code, and the config that does stays in the key. (The weights' values are not in
+    is computed with :func:`metadata_identity` instead, and, for a model whose metadata
+    this library fetched, without where its weights stream from (the URI or the region,
+    whose name is a digest of the URI): where the files are never changes the compiled
+    code, and the config that does stays in the key. A region under a model directory the
+    library did not fetch keys by :func:`region_identity`. (The weights' values are not in
     vLLM's key either: a model replaced at its path loads the artifact compiled before;
     Inductor's code takes them as inputs.) Whether it is in place."""
     from vllm.compilation import caching
@@ -185,9 +187,11 @@ def stable_key() -> bool:
             "model_weights": region_identity(saved["model_weights"]),
         }
         weights = saved["model_weights"]
-        if found["model"] and not found["model_weights"] and "://" in str(weights or ""):
-            # streamed from the store: the URI is only where the weights are
-            found["model_weights"] = "ray_stream_llm-streamed"
+        if found["model"] and (found["model_weights"] or "://" in str(weights or "")):
+            # the model's metadata is ours and its weights stream from the store or the
+            # node's region: the URI, or the region's name (a digest of the URI), is only
+            # where the weights are
+            found["model_weights"] = "ray_stream_llm-weights"
         found = {name: identity for name, identity in found.items() if identity is not None}
         if not found:
             return list(original(vllm_config))
