@@ -308,6 +308,7 @@ def test_the_same_metadata_under_two_uris_keys_alike(tiny_layout, tmp_path):
         streamed = key(dirs["aaaa"])
         config.model_config.model_weights = str(region)
         assert list(caching.aot_compile_hash_factors(config)) == streamed
+        config.model_config.model_weights = uris["bbbb"]
         (dirs["bbbb"] / MARKER).unlink()  # not fetched by the library: vLLM's own key
         config.model_config.model = str(dirs["bbbb"])
         assert caching.aot_compile_hash_factors(config) == original(config)
