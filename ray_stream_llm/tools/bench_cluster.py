@@ -90,21 +90,26 @@ def cluster(
         with Link(store_port, rate=rate) as link:
             out = run_isolated_job(workdir / f"cluster-{name}", spec, link.store_env(env))
             served = link.bytes_down
-        reports = out["load_reports"]
-        weights = [r["stream_seconds"] for r in reports if r.get("stream_seconds") is not None]
-        results[name] = {
-            "store_bytes": served,
-            "slowest_ready_seconds": max(r["ready_seconds"] for r in reports),
-            "slowest_weight_seconds": max(weights) if weights else math.nan,
-            "weight_seconds": weights,
-            "first_row_seconds": out["first_row_seconds"],
-            "total_seconds": out["total_seconds"],
-            "engines": len(reports),
-            "rows": out["rows"],
-            "shared": [r.get("weight_sharing") for r in reports],
-            "pull_sources": [r.get("pull_source") for r in reports],
-        }
+        results[name] = figures(out, served)
     return results
+
+
+def figures(out: dict[str, Any], store_bytes: float) -> dict[str, Any]:
+    """One job's figures from its output (``bench_job``) and the store's bytes."""
+    reports = out["load_reports"]
+    weights = [r["stream_seconds"] for r in reports if r.get("stream_seconds") is not None]
+    return {
+        "store_bytes": store_bytes,
+        "slowest_ready_seconds": max(r["ready_seconds"] for r in reports),
+        "slowest_weight_seconds": max(weights) if weights else math.nan,
+        "weight_seconds": weights,
+        "first_row_seconds": out["first_row_seconds"],
+        "total_seconds": out["total_seconds"],
+        "engines": len(reports),
+        "rows": out["rows"],
+        "shared": [r.get("weight_sharing") for r in reports],
+        "pull_sources": [r.get("pull_source") for r in reports],
+    }
 
 
 def ratios(series: dict[str, float], model_bytes: int) -> dict[str, float]:
@@ -163,18 +168,5 @@ def on_running_cluster(
         }
         env = {"RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S": "3600"}
         out = run_isolated_job(workdir / f"cluster-{name}", spec, env, timeout=3600)
-        reports = out["load_reports"]
-        weights = [r["stream_seconds"] for r in reports if r.get("stream_seconds") is not None]
-        results[f"{name}.{engines}"] = {
-            "store_bytes": reported_store_bytes(reports),
-            "slowest_ready_seconds": max(r["ready_seconds"] for r in reports),
-            "slowest_weight_seconds": max(weights) if weights else math.nan,
-            "weight_seconds": weights,
-            "first_row_seconds": out["first_row_seconds"],
-            "total_seconds": out["total_seconds"],
-            "engines": len(reports),
-            "rows": out["rows"],
-            "shared": [r.get("weight_sharing") for r in reports],
-            "pull_sources": [r.get("pull_source") for r in reports],
-        }
+        results[f"{name}.{engines}"] = figures(out, reported_store_bytes(out["load_reports"]))
     return results
