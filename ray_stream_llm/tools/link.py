@@ -115,8 +115,12 @@ class Link:
             threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
 
     def _take(self, n: int) -> None:
-        """Wait until ``n`` bytes may pass the cap."""
+        """Wait until ``n`` bytes may pass the cap (in pieces of at most ``burst``: the
+        bucket never holds more)."""
         assert self.rate is not None
+        while n > self.burst:
+            self._take(self.burst)
+            n -= self.burst
         while True:
             with self._lock:
                 now = time.monotonic()

@@ -488,7 +488,7 @@ def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock_fd:
         ):
             message = f"{str(uri)!r} not pulled into {region}: {problem}"
             if not _required(region):  # 'auto': the engines stream from the store instead
-                (region / UNSHARED).write_text(message)
+                _write_whole(region / UNSHARED, message)
                 logger.warning("%s; its engines stream from the store", message)
                 return
             raise WeightSharingError(message)
@@ -574,10 +574,21 @@ def _fail(region: Path, message: str) -> None:
     waiters fail on that."""
     failed = region / ".failed"
     try:
-        failed.write_text(message)
+        _write_whole(failed, message)
     except OSError:
         with contextlib.suppress(OSError):
             failed.touch()
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """``path`` holding ``text``, whole or not at all: a waiter reads a mark as soon as it
+    exists."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def pull_status(region: str | Path) -> dict[str, Any] | None:
