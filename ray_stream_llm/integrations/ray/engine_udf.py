@@ -7,6 +7,7 @@ the load. Imported only in the engine actor and by the driver's build: it import
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -44,7 +45,7 @@ logger = logging.getLogger(__name__)
 _KV_CACHE_SETTINGS = ("kv_cache_memory_bytes", "gpu_memory_utilization")
 
 
-def cpu_kv_cache_default(engine_kwargs: dict[str, Any]) -> dict[str, Any]:
+def cpu_kv_cache_default(engine_kwargs: dict[str, Any], model_dir: Path | None) -> dict[str, Any]:
     """With vLLM's CPU build, ``engine_kwargs`` with ``kv_cache_memory_bytes`` sized from
     the memory available on this node, unless the user chose (VLLM_CPU_KVCACHE_SPACE,
     ``kv_cache_memory_bytes`` or ``gpu_memory_utilization``). vLLM's own CPU default
@@ -53,6 +54,8 @@ def cpu_kv_cache_default(engine_kwargs: dict[str, Any]) -> dict[str, Any]:
     Available means what this process may use: the least of the host's available memory
     and its cgroups' headroom (a container's limit), less the bytes still to come into
     the node's shared weights (:func:`ray_stream_llm.weights.memory.available_for_engine`).
+    Never more than the engine can use (:func:`~ray_stream_llm.weights.memory.kv_cache_usable_bytes`
+    of the model's ``config.json`` in ``model_dir``): the engines beside it keep the rest.
     """
     if not vllm_is_cpu_build() or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         return engine_kwargs
@@ -62,16 +65,28 @@ def cpu_kv_cache_default(engine_kwargs: dict[str, Any]) -> dict[str, Any]:
 
     available, where = memory.available_for_engine(Path(DEFAULT_BASE))
     size = memory.kv_cache_default_bytes(available)
+    usable = None
+    try:
+        config = json.loads((model_dir / "config.json").read_text()) if model_dir else None
+    except (OSError, ValueError):
+        config = None
+    if isinstance(config, dict):
+        usable = memory.kv_cache_usable_bytes(config, engine_kwargs)
+    bound = ""
+    if usable is not None and usable < size:
+        size = -(-max(usable, memory.KV_CACHE_MIN) // memory.MiB) * memory.MiB  # whole MiB
+        bound = ", bounded by what it can hold: max_num_seqs sequences of max_model_len tokens"
     logger.info(
         "vLLM CPU build: KV cache of %.2f GiB per engine (%d%% of the %.2f GiB available: "
-        "%s; at least %d MiB, at most %d GiB); set engine_kwargs['kv_cache_memory_bytes'] or "
-        "VLLM_CPU_KVCACHE_SPACE to choose",
+        "%s; at least %d MiB, at most %d GiB%s); set engine_kwargs['kv_cache_memory_bytes'] "
+        "or VLLM_CPU_KVCACHE_SPACE to choose",
         size / (1 << 30),
         memory.KV_CACHE_SHARE * 100,
         available / (1 << 30),
         where,
         memory.KV_CACHE_MIN >> 20,
         memory.KV_CACHE_MAX >> 30,
+        bound,
     )
     return {**engine_kwargs, "kv_cache_memory_bytes": size}
 
@@ -103,7 +118,6 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         fetched: FetchReport | None = None
         self._weights: WeightSource | None = None
         _prepare(secret_env, None, None)  # logging and secrets; the fetch is next
-        engine_kwargs = cpu_kv_cache_default(engine_kwargs)
         stream = plan is not None
         if plan is not None:
             uri_text = plan.model
@@ -122,6 +136,8 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
             if "tokenizer" in engine_kwargs:
                 engine_kwargs["tokenizer"] = local_metadata(engine_kwargs["tokenizer"])
             model = str(fetched.path)
+        local = Path(model) if Path(model).is_dir() else None  # else a hub id: no config
+        engine_kwargs = cpu_kv_cache_default(engine_kwargs, local)
         compile_cache_uri = plan.compile_cache_uri if plan else None
         compile_key = compile_store.cache_key(model) if compile_cache_uri else None
         if compile_cache_uri and compile_key:  # what another node compiled, before vLLM starts
