@@ -319,6 +319,45 @@ def test_the_janitor_waits_for_workers_that_outlive_the_engine(tmp_path):
         Path(f"/dev/shm/{name}").unlink(missing_ok=True)
 
 
+def test_the_janitor_ends_workers_a_killed_engine_left_running(tmp_path):
+    """An actor killed outright (Ray's memory monitor sends SIGKILL) leaves vLLM's engine
+    core and workers running with nobody to serve, holding memory and segments: after its
+    grace the janitor ends them (SIGTERM; SIGKILL for one that ignores it) and removes
+    what they mapped."""
+    name = f"psm_rsl{uuid.uuid4().hex[:8]}stuck"
+    stubborn = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    worker = stubborn + _MAPPER.format(name=name)  # never exits by itself
+    code = textwrap.dedent(f"""
+        import subprocess, sys, time
+        kid = subprocess.Popen([sys.executable, "-c", {worker!r}], stdout=subprocess.PIPE,
+                               text=True)
+        print(kid.stdout.readline().strip(), kid.pid, flush=True)
+        time.sleep(600)
+    """)
+    engine = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    watcher = threading.Thread(
+        target=shm._watch, args=(engine.pid, time.time() - 1, [], 0.05), kwargs={"grace": 1.0}
+    )
+    kid = None
+    try:
+        word, kid = engine.stdout.readline().split()
+        assert word == "mapped"
+        watcher.start()
+        _wait_until(lambda: name in shm.segments_of(engine.pid))
+        time.sleep(0.2)  # the janitor polls
+        engine.send_signal(signal.SIGKILL)
+        engine.wait()
+        watcher.join(timeout=30)
+        assert not watcher.is_alive()
+        assert not psutil.pid_exists(int(kid)) or psutil.Process(int(kid)).status() == "zombie"
+        assert not Path(f"/dev/shm/{name}").exists()
+    finally:
+        engine.kill()
+        if kid and psutil.pid_exists(int(kid)):
+            psutil.Process(int(kid)).kill()
+        Path(f"/dev/shm/{name}").unlink(missing_ok=True)
+
+
 def test_segments_of_sees_a_process_and_its_children():
     name = f"psm_rsl{uuid.uuid4().hex[:8]}kid"
     kid = _MAPPER.format(name=name)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -173,13 +174,27 @@ def _alive(members: dict[int, float]) -> bool:
     return False
 
 
-def _watch(
-    pid: int, since: float, dirs: list[str], poll: float = 0.5, linger: float = 600.0
-) -> None:
-    """Watch ``pid`` and its descendants; once the actor has exited, wait (up to ``linger``
+def _signal(members: dict[int, float], signum: int) -> None:
+    """Send ``signum`` to each of ``members`` still the process it was (pid and start)."""
+    import psutil
+
+    for pid, started in members.items():
+        try:
+            proc = psutil.Process(pid)
+            if proc.create_time() == started:
+                proc.send_signal(signum)
+        except psutil.Error:
+            continue
+
+
+def _watch(pid: int, since: float, dirs: list[str], poll: float = 0.5, grace: float = 60.0) -> None:
+    """Watch ``pid`` and its descendants; once the actor has exited, wait (up to ``grace``
     s) for every process of its tree to exit too (vLLM's workers can outlive the actor by
-    seconds on a loaded node, and a segment they map is not an orphan yet), then remove the
-    segments they mapped that no process maps any more."""
+    seconds on a loaded node, and a segment they map is not an orphan yet), then end those
+    still running (an actor killed outright, as Ray's memory monitor kills, leaves vLLM's
+    engine core and workers with nobody to serve, holding the KV cache's memory and the
+    segments: SIGTERM, then SIGKILL), then remove the segments they mapped that no process
+    maps any more."""
     import shutil
 
     seen: set[str] = set()
@@ -189,9 +204,16 @@ def _watch(
         seen |= _mapped_by(procs)
         members |= _started(procs)
         time.sleep(poll)
-    deadline = time.monotonic() + linger
+    deadline = time.monotonic() + grace
     while _alive(members) and time.monotonic() < deadline:
         time.sleep(poll)
+    for signum, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        if not _alive(members):
+            break
+        _signal(members, signum)
+        deadline = time.monotonic() + wait
+        while _alive(members) and time.monotonic() < deadline:
+            time.sleep(poll)
     if seen:
         remove_orphaned_segments(since, wait=5.0, only=seen)
     for directory in dirs:
