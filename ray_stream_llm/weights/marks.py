@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from ray_stream_llm.files import write_whole
 
 CREATED = ".created"  # the region's marker: a file of a directory holding it is a region file
 UNSHARED = ".unshared"  # 'auto' gave the region up (it no longer fits): stream the store
@@ -31,6 +32,4 @@ def progress(region: Path, name: str) -> int:
 def record_progress(region: Path, name: str, nbytes: int) -> None:
     folder = region / ".progress"
     folder.mkdir(exist_ok=True)
-    tmp = folder / f".{name}.{os.getpid()}"
-    tmp.write_text(str(nbytes))
-    os.replace(tmp, folder / name)
+    write_whole(folder / name, str(nbytes))

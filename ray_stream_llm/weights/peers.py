@@ -37,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ray_stream_llm.files import write_whole
 from ray_stream_llm.weights.marks import CREATED, FAILED, UNSHARED, done, progress
 
 logger = logging.getLogger(__name__)
@@ -213,9 +214,7 @@ class PeerRead:
     def _record(self) -> None:
         """``.peer.json``: this node, where it reads from, the pid of its own server."""
         record = {"node": self.node[:16], "server_pid": self.server_pid, **self.status()}
-        tmp = self.region / f".peer.json.{os.getpid()}"
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, self.region / ".peer.json")
+        write_whole(self.region / ".peer.json", json.dumps(record))
 
     def __call__(self, name: str, start: int, end: int) -> bytes:
         import ray

@@ -55,6 +55,7 @@ from ray_stream_llm.errors import (
     RayStreamLLMError,
     WeightSharingError,
 )
+from ray_stream_llm.files import write_whole
 from ray_stream_llm.stores import ObjectInfo, StoreDeadline
 from ray_stream_llm.uri import ModelURI
 from ray_stream_llm.weights.marks import CREATED, FAILED, UNSHARED, done, record_progress
@@ -485,7 +486,7 @@ def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock_fd:
         ):
             message = f"{str(uri)!r} not pulled into {region}: {problem}"
             if not _required(region):  # 'auto': the engines stream from the store instead
-                _write_whole(region / UNSHARED, message)
+                write_whole(region / UNSHARED, message)
                 logger.warning("%s; its engines stream from the store", message)
                 return
             raise WeightSharingError(message)
@@ -587,21 +588,10 @@ def _fail(region: Path, message: str) -> None:
     waiters fail on that."""
     failed = region / FAILED
     try:
-        _write_whole(failed, message)
+        write_whole(failed, message)
     except OSError:
         with contextlib.suppress(OSError):
             failed.touch()
-
-
-def _write_whole(path: Path, text: str) -> None:
-    """``path`` holding ``text``, whole or not at all: a waiter reads a mark as soon as it
-    exists."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def pull_status(region: str | Path) -> dict[str, Any] | None:

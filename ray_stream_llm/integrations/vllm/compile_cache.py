@@ -46,6 +46,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from ray_stream_llm.files import write_whole
+
 # set by the engine actor: where each of its processes writes what it measured
 REPORT_DIR_ENV = "RAY_STREAM_LLM_LOAD_REPORT_DIR"
 
@@ -384,9 +386,7 @@ class _Recorder(logging.Handler):
         try:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(where)
-            with open(f"{path}.tmp", "w") as f:
-                json.dump(state, f)
-            os.replace(f"{path}.tmp", path)
+            write_whole(path, json.dumps(state))
         except OSError:  # the actor removed the directory: nobody is listening
             pass
 

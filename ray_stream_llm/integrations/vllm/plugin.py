@@ -37,6 +37,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ray_stream_llm.files import write_whole
 from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV, tensor_parallel_rank
 from ray_stream_llm.integrations.vllm.shm import remove_orphaned_segments, segments_of
 
@@ -87,10 +88,7 @@ _sessions = itertools.count()
 
 
 def _write(path: str, state: dict[str, Any]) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(state, f)
-    os.replace(tmp, path)
+    write_whole(path, json.dumps(state))
 
 
 def _measured(base: type) -> type:
