@@ -118,7 +118,7 @@ test-main-b: setup $(AZURITE)
 	$(MAIN) $(MAIN_B)
 
 # The tests over 5 minutes on 2 cores (SmolLM2 at TP=3 side by side), kept out of make test
-# so that CI stays under an hour.
+# so that CI stays under 45 minutes.
 test-slow: setup
 	$(PYTEST) -m slow
 
