@@ -55,6 +55,12 @@ def cluster(work, monkeypatch):
 def _users(cluster, env, uri, base):
     import ray
 
+    from ray_stream_llm.stores.base import TIMEOUT_ENV
+
+    # the store behind the slow link on a machine a second test stream shares: CI saw every
+    # node wait over the default 30 s for a first answer while the other stream started three
+    # engines; what is under test here is who reads, not how soon the store answers
+    env = {**env, TIMEOUT_ENV: "300"}
     ray.init(address=cluster.address, runtime_env={"env_vars": env})
 
     @ray.remote(num_cpus=0.1)
