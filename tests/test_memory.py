@@ -153,6 +153,10 @@ def test_kv_cache_and_streamer_limits_from_the_memory_there():
     assert memory.kv_cache_usable_bytes({**llama, "num_hidden_layers": None}, {}) is None
     assert memory.kv_cache_usable_bytes({"text_config": {"hidden_size": 8}}, {}) is None
     assert memory.kv_cache_usable_bytes({**llama, "mamba_d_state": 16}, {}) is None
+    # the default takes the bound: whole MiB, rounded up, never under the minimum
+    assert kv_cache_default_bytes(10 * GiB, 1 * GiB + 1) == 1 * GiB + MiB
+    assert kv_cache_default_bytes(10 * GiB, 1 * MiB) == 256 * MiB
+    assert kv_cache_default_bytes(10 * GiB, 100 * GiB) == 2 * GiB
     # a 10 GiB pod with one engine: 2.5 GiB (the marin report: a 2 GiB limit kept such a
     # pod alive); two engines: 1.25 GiB each; below 1 GiB: one tensor at a time (0)
     assert derive_streamer_limit(10 * GiB, 1) == 2560 * MiB

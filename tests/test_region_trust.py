@@ -255,6 +255,19 @@ _MAPPER = textwrap.dedent("""
 """)
 
 
+def _engine_with_worker(worker: str) -> subprocess.Popen:
+    """A process standing for an engine actor, with one child running ``worker`` (it prints
+    "mapped" once its segment is mapped); the engine prints that word and the child's pid."""
+    code = textwrap.dedent(f"""
+        import subprocess, sys, time
+        kid = subprocess.Popen([sys.executable, "-c", {worker!r}], stdout=subprocess.PIPE,
+                               text=True)
+        print(kid.stdout.readline().strip(), kid.pid, flush=True)
+        time.sleep(600)
+    """)
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+
+
 def test_the_janitor_removes_only_segments_the_engines_processes_mapped(tmp_path):
     tag = uuid.uuid4().hex[:8]
     own, foreign = f"psm_rsl{tag}own", f"psm_rsl{tag}other"
@@ -291,14 +304,7 @@ def test_the_janitor_waits_for_workers_that_outlive_the_engine(tmp_path):
     removes what they mapped."""
     name = f"psm_rsl{uuid.uuid4().hex[:8]}late"
     worker = _MAPPER.format(name=name).replace("time.sleep(600)", "time.sleep(7)")
-    code = textwrap.dedent(f"""
-        import subprocess, sys, time
-        kid = subprocess.Popen([sys.executable, "-c", {worker!r}], stdout=subprocess.PIPE,
-                               text=True)
-        print(kid.stdout.readline().strip(), kid.pid, flush=True)
-        time.sleep(600)
-    """)
-    engine = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    engine = _engine_with_worker(worker)
     watcher = threading.Thread(target=shm._watch, args=(engine.pid, time.time() - 1, [], 0.05))
     try:
         word, kid = engine.stdout.readline().split()
@@ -327,14 +333,7 @@ def test_the_janitor_ends_workers_a_killed_engine_left_running(tmp_path):
     name = f"psm_rsl{uuid.uuid4().hex[:8]}stuck"
     stubborn = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
     worker = stubborn + _MAPPER.format(name=name)  # never exits by itself
-    code = textwrap.dedent(f"""
-        import subprocess, sys, time
-        kid = subprocess.Popen([sys.executable, "-c", {worker!r}], stdout=subprocess.PIPE,
-                               text=True)
-        print(kid.stdout.readline().strip(), kid.pid, flush=True)
-        time.sleep(600)
-    """)
-    engine = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    engine = _engine_with_worker(worker)
     watcher = threading.Thread(
         target=shm._watch, args=(engine.pid, time.time() - 1, [], 0.05), kwargs={"grace": 1.0}
     )
@@ -360,14 +359,7 @@ def test_the_janitor_ends_workers_a_killed_engine_left_running(tmp_path):
 
 def test_segments_of_sees_a_process_and_its_children():
     name = f"psm_rsl{uuid.uuid4().hex[:8]}kid"
-    kid = _MAPPER.format(name=name)
-    code = textwrap.dedent(f"""
-        import subprocess, sys, time
-        kid = subprocess.Popen([sys.executable, "-c", {kid!r}], stdout=subprocess.PIPE, text=True)
-        print(kid.stdout.readline().strip(), kid.pid, flush=True)
-        time.sleep(600)
-    """)
-    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    parent = _engine_with_worker(_MAPPER.format(name=name))
     try:
         word, kid = parent.stdout.readline().split()
         assert word == "mapped" and psutil.pid_exists(int(kid))

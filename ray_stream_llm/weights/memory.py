@@ -293,10 +293,14 @@ def cpu_kv_cache_pending() -> bool:
     return True
 
 
-def kv_cache_default_bytes(available: int) -> int:
-    """The CPU KV cache this library gives an engine: a share of ``available``, clamped."""
-    size = int(min(max(available * KV_CACHE_SHARE, KV_CACHE_MIN), KV_CACHE_MAX))
-    return size >> 20 << 20
+def kv_cache_default_bytes(available: int, usable: int | None = None) -> int:
+    """The CPU KV cache this library gives an engine: a share of ``available``, clamped,
+    and never more than ``usable`` (:func:`kv_cache_usable_bytes`; whole MiB, rounded up,
+    at least the minimum)."""
+    size = int(min(max(available * KV_CACHE_SHARE, KV_CACHE_MIN), KV_CACHE_MAX)) >> 20 << 20
+    if usable is not None and usable < size:
+        return -(-max(usable, KV_CACHE_MIN) // MiB) * MiB
+    return size
 
 
 # configs of models whose per-sequence state is not (only) attention's KV cache (state

@@ -64,7 +64,6 @@ def cpu_kv_cache_default(engine_kwargs: dict[str, Any], model_dir: Path | None) 
     from ray_stream_llm.weights.region import DEFAULT_BASE
 
     available, where = memory.available_for_engine(Path(DEFAULT_BASE))
-    size = memory.kv_cache_default_bytes(available)
     usable = None
     try:
         config = json.loads((model_dir / "config.json").read_text()) if model_dir else None
@@ -72,9 +71,9 @@ def cpu_kv_cache_default(engine_kwargs: dict[str, Any], model_dir: Path | None) 
         config = None
     if isinstance(config, dict):
         usable = memory.kv_cache_usable_bytes(config, engine_kwargs)
+    size = memory.kv_cache_default_bytes(available, usable)
     bound = ""
-    if usable is not None and usable < size:
-        size = -(-max(usable, memory.KV_CACHE_MIN) // memory.MiB) * memory.MiB  # whole MiB
+    if size < memory.kv_cache_default_bytes(available):
         bound = ", bounded by what it can hold: max_num_seqs sequences of max_model_len tokens"
     logger.info(
         "vLLM CPU build: KV cache of %.2f GiB per engine (%d%% of the %.2f GiB available: "

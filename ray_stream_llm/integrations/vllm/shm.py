@@ -11,6 +11,7 @@ process maps them, are removed: never another engine's or program's.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -161,30 +162,30 @@ def _started(procs: list[Any]) -> dict[int, float]:
     return found
 
 
-def _alive(members: dict[int, float]) -> bool:
+def _running(members: dict[int, float]) -> list[Any]:
+    """Those of ``members`` still the process they were (pid and start) and not zombies (a
+    zombie maps nothing: its parent has only not reaped it)."""
     import psutil
 
+    found = []
     for pid, started in members.items():
         try:
             proc = psutil.Process(pid)
             if proc.create_time() == started and proc.status() != psutil.STATUS_ZOMBIE:
-                return True  # a zombie maps nothing: its parent has only not reaped it
+                found.append(proc)
         except psutil.Error:
             continue
-    return False
+    return found
+
+
+def _alive(members: dict[int, float]) -> bool:
+    return bool(_running(members))
 
 
 def _signal(members: dict[int, float], signum: int) -> None:
-    """Send ``signum`` to each of ``members`` still the process it was (pid and start)."""
-    import psutil
-
-    for pid, started in members.items():
-        try:
-            proc = psutil.Process(pid)
-            if proc.create_time() == started:
-                proc.send_signal(signum)
-        except psutil.Error:
-            continue
+    for proc in _running(members):
+        with contextlib.suppress(Exception):  # psutil.Error: it exited meanwhile
+            proc.send_signal(signum)
 
 
 def _watch(pid: int, since: float, dirs: list[str], poll: float = 0.5, grace: float = 60.0) -> None:
