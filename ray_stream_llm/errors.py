@@ -83,6 +83,12 @@ class UnsupportedRayError(RayStreamLLMError, ImportError):
     the message names the range (or the setting) and the fix."""
 
 
+class PluginNotActiveError(RayStreamLLMError, ImportError):
+    """vLLM's processes would not run this library's vLLM plugin: the package was shipped
+    without its metadata (runtime_env ``py_modules``, a copied directory), so its entry point
+    is missing, or ``VLLM_PLUGINS`` leaves it out; the message names which and the fix."""
+
+
 class WeightSharingError(RayStreamLLMError, MemoryError):
     """``weight_sharing='node'`` was asked for, and the weights cannot be shared on a node
     (not enough memory, or no memory-backed directory); the message names the sizes."""

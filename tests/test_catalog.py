@@ -506,6 +506,13 @@ CASES = [
         env={"RAY_STREAM_LLM_CACHE": "/sys/ray-stream-llm-cache"},
     ),
     Case(
+        "vllm-plugins-leave-it-out",
+        "`VLLM_PLUGINS=lora_filesystem_resolver` in the job's environment",
+        errors.PluginNotActiveError,
+        "add it (VLLM_PLUGINS=lora_filesystem_resolver,ray_stream_llm_load_report) or unset",
+        env={"VLLM_PLUGINS": "lora_filesystem_resolver"},
+    ),
+    Case(
         "load-format-not-string",
         "`load_format=1`",
         errors.UnsupportedLoadFormatError,

@@ -8,6 +8,7 @@ build time only: it imports Ray's stages and torch).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig
 from ray_stream_llm.errors import UnsupportedRayError
 from ray_stream_llm.integrations.ray.runtime_env import store_updates
 from ray_stream_llm.integrations.ray.version import check_ray_version
+from ray_stream_llm.integrations.vllm.plugin import require_plugin
 from ray_stream_llm.preflight import preflight
 from ray_stream_llm.stores.settings import derive_settings
 
@@ -39,6 +41,10 @@ def _build(
     ran it before starting Ray itself (``ray-stream-llm run`` does)."""
     check_ray_version()
     config.check_streaming_source()
+    # vLLM's processes must run this library's plugin: refused here, not deep in an engine
+    # (a package shipped as runtime_env py_modules has no entry point)
+    job_env = ((config.runtime_env or {}).get("env_vars")) or {}
+    require_plugin({**os.environ, **job_env})
     # The model is checked before Ray's stages (and vLLM, torch) are imported, and before
     # Ray's builder starts Ray: seconds.
     # The store's settings against the user's runtime_envs first: no store call is made for

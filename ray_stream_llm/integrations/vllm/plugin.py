@@ -37,6 +37,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ray_stream_llm.errors import PluginNotActiveError
 from ray_stream_llm.files import write_whole
 from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV, tensor_parallel_rank
 from ray_stream_llm.integrations.vllm.shm import remove_orphaned_segments, segments_of
@@ -56,16 +57,34 @@ PLUGIN_GROUP = "vllm.general_plugins"
 
 def plugin_inactive_reason(env: Mapping[str, str] | None = None) -> str | None:
     """Why vLLM will not run this plugin in the engine's processes (``env``: their
-    environment, by default this process's), or None when it will."""
+    environment, by default this process's), with the fix; None when it will."""
     from importlib.metadata import entry_points
 
     environ: Mapping[str, str] = os.environ if env is None else env
     if not any(ep.name == PLUGIN_NAME for ep in entry_points(group=PLUGIN_GROUP)):
-        return f"the {PLUGIN_GROUP} entry point {PLUGIN_NAME!r} is not installed"
+        return (
+            f"ray_stream_llm is importable but not installed as a package: its "
+            f"{PLUGIN_GROUP} entry point {PLUGIN_NAME!r} is missing (runtime_env py_modules "
+            "and copied directories carry no entry points), so vLLM's processes would not "
+            "load it; install the package on every node (pip install ray-stream-llm, or its "
+            "wheel in the image) or ship it with the job as "
+            "runtime_env={'pip': ['ray-stream-llm']} (a path to its .whl works too)"
+        )
     allowed = environ.get("VLLM_PLUGINS")
     if allowed is not None and PLUGIN_NAME not in allowed.split(","):
-        return f"VLLM_PLUGINS={allowed!r} leaves {PLUGIN_NAME!r} out"
+        return (
+            f"VLLM_PLUGINS={allowed!r} leaves this library's vLLM plugin {PLUGIN_NAME!r} out; "
+            f"add it (VLLM_PLUGINS={allowed + ',' if allowed else ''}{PLUGIN_NAME}) or unset "
+            "VLLM_PLUGINS"
+        )
     return None
+
+
+def require_plugin(env: Mapping[str, str] | None = None) -> None:
+    """Raise :class:`PluginNotActiveError` where :func:`plugin_inactive_reason` finds one."""
+    reason = plugin_inactive_reason(env)
+    if reason is not None:
+        raise PluginNotActiveError(reason)
 
 
 def streamer_settings() -> dict[str, str]:
