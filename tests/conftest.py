@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers.janitors import wait_for_janitors
+from helpers.janitors import wait_for_detached
 from helpers.models import LAYOUTS, UploadedModel, build_layout, metadata_files, weight_files
 
 from ray_stream_llm.tools.localstore import LocalS3Server
@@ -137,13 +137,12 @@ def sharded_job(s3_server: LocalS3Server, tiny_models: dict[str, UploadedModel])
         run_isolated,
         store_through,
     )
-
-    from ray_stream_llm.tools.link import Link
+    from helpers.links import TappedLink
 
     model = tiny_models["sharded"]
     work = Path(tempfile.mkdtemp(prefix="rsl-job-", dir="/tmp"))  # short: Ray socket paths
     try:
-        with Link(s3_server.port, latency=0.05) as proxy:
+        with TappedLink(s3_server.port, latency=0.05) as proxy:
             store = store_through(s3_server, proxy.endpoint_url.replace("127.0.0.1", "localhost"))
             before = s3_server.served()
             out, written, seconds = run_isolated(
@@ -160,6 +159,7 @@ def sharded_job(s3_server: LocalS3Server, tiny_models: dict[str, UploadedModel])
                 config={"weight_sharing": "off"},
             )
             bytes_down = proxy.bytes_down
+            through_proxy = {"requests": list(proxy.requests), "held": list(proxy.held)}
         yield {
             "model": model,
             "secret": s3_server.secret_access_key,
@@ -168,6 +168,7 @@ def sharded_job(s3_server: LocalS3Server, tiny_models: dict[str, UploadedModel])
             "written": written,
             "seconds": seconds,
             "bytes_down": bytes_down,
+            "through_proxy": through_proxy,
             "reads": reads_under(s3_server, model.uri, before),
         }
     finally:
@@ -245,9 +246,8 @@ def nothing_left_behind() -> Iterator[None]:
     the tests' temporary directories (which pytest keeps under /tmp/pytest-of-<user>/)."""
     yield
     timeout = 120.0
-    running = wait_for_janitors(SESSION_START, timeout)  # detached: they outlive the last job
-    if running:
-        print(f"engine janitors still running after {timeout:.0f} s: {running}")
+    # detached: the engines' janitors and the regions' reapers outlive the last job
+    running = wait_for_detached(SESSION_START, timeout)
     leftovers = {p for p in _new_entries(Path("/dev/shm"), SESSION_START, 1) if "psm_" in p}
     # multiprocessing's own temp dir of this (pytest) process: removed when it exits
     import multiprocessing.process
@@ -259,8 +259,10 @@ def nothing_left_behind() -> Iterator[None]:
                 continue
             if path.endswith((".lock", ".sock")) or Path(path).is_socket():
                 leftovers.add(path)
-    assert not leftovers, "left behind by the test session: " + "; ".join(
-        _when(p) for p in sorted(leftovers)
+    assert not leftovers and not running, (
+        "left behind by the test session: "
+        + "; ".join(_when(p) for p in sorted(leftovers))
+        + "".join(f"; still running {timeout:.0f} s after the last test: {p}" for p in running)
     )
 
 
@@ -296,9 +298,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 _skipped: list[str] = []
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """Every xfail is strict (as ``xfail_strict = true`` would make it): a test marked to
+    fail that passes fails, since the mark now hides whatever it was put there for."""
+    report = yield
+    if report.passed and hasattr(report, "wasxfail"):  # XPASS, left passing when not strict
+        report.outcome = "failed"
+        report.longrepr = f"[XPASS(strict)] {report.wasxfail}"
+        del report.wasxfail
+    return report
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.skipped:
         _skipped.append(report.nodeid)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    """A module that skips itself (``pytest.skip(allow_module_level=True)``, an
+    ``importorskip``) is skipped at collection: its tests never reach the run's reports."""
+    if report.skipped:
+        _skipped.append(f"{report.nodeid} (the whole module, at collection)")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -11,9 +11,8 @@ import time
 
 import pytest
 from helpers.jobs import SHARDED_MAX_TOKENS, SHARDED_QUESTIONS, run_isolated, store_through
+from helpers.links import TappedLink
 from helpers.models import UploadedModel
-
-from ray_stream_llm.tools.link import Link
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e, pytest.mark.engine]
 QUESTIONS = ["What is 2+2?", "Name three primary colors.", "Say hello in French."]
@@ -31,6 +30,17 @@ def _mid_weights(model: UploadedModel) -> tuple[int, int, int]:
     return metadata + weights // 2, metadata, weights
 
 
+def _assert_cut_inside_the_weights(proxy: TappedLink, model: UploadedModel, weights: int) -> None:
+    """Measured by the proxy: the fault was injected, the request whose answer it cut was
+    the engine's read of a weight file, and not all the weight bytes had come down by then."""
+    assert proxy.cut_at is not None and proxy.bytes_at_cut is not None, "no fault injected"
+    gets = [r for r in proxy.requests_at_cut if r.startswith("GET ")]
+    assert gets and gets[-1].split("?")[0].endswith(".safetensors"), proxy.requests_at_cut
+    assert proxy.bytes_at_cut < weights + sum(
+        (model.local / m).stat().st_size for m in model.metadata
+    ), (proxy.bytes_at_cut, proxy.requests_at_cut)
+
+
 def test_store_drops_mid_stream_and_returns_within_retry_budget(s3_server, tiny_models, work):
     """The store goes away halfway through the weights (every connection reset) and comes
     back 20 s later: the engine start fails, is retried after the backoff, and every row
@@ -38,7 +48,7 @@ def test_store_drops_mid_stream_and_returns_within_retry_budget(s3_server, tiny_
     vLLM takes to start again on the machine: the count is printed, not asserted."""
     model = tiny_models["single"]
     cut_after_bytes, metadata, weights = _mid_weights(model)
-    with Link(s3_server.port, cut_after_bytes=cut_after_bytes, down_for=20) as proxy:
+    with TappedLink(s3_server.port, cut_after_bytes=cut_after_bytes, down_for=20) as proxy:
         start = time.monotonic()
         out, written, seconds = run_isolated(
             s3_server,
@@ -52,10 +62,10 @@ def test_store_drops_mid_stream_and_returns_within_retry_budget(s3_server, tiny_
             # pull meet it: tests/test_node_weights.py fails a pull's waiters with its cause)
             config={"load_retries": 2, "load_retry_backoff_s": 5.0, "weight_sharing": "off"},
         )
-        assert proxy.cut_at is not None, "the fault was not injected"
+        _assert_cut_inside_the_weights(proxy, model, weights)
+        assert proxy.cut_at is not None
         cut_after = proxy.cut_at - start
         refused = proxy.refused
-    assert metadata < cut_after_bytes < metadata + weights  # inside the weights
     rows = out["rows"]
     assert sorted(r["question"] for r in rows) == sorted(QUESTIONS)
     assert all(r["answer"].strip() for r in rows)
@@ -75,7 +85,7 @@ def test_store_stays_away_fails_with_the_cause(s3_server, tiny_models, work):
     the store's state in the message; no row is reported as done."""
     model = tiny_models["single"]
     cut_after_bytes, metadata, weights = _mid_weights(model)
-    with Link(s3_server.port, cut_after_bytes=cut_after_bytes, down_for=None) as proxy:
+    with TappedLink(s3_server.port, cut_after_bytes=cut_after_bytes, down_for=None) as proxy:
         start = time.monotonic()
         out, written, seconds = run_isolated(
             s3_server,
@@ -88,8 +98,11 @@ def test_store_stays_away_fails_with_the_cause(s3_server, tiny_models, work):
             config={"load_retries": 1, "load_retry_backoff_s": 1.0, "weight_sharing": "off"},
             expect_failure=True,
         )
-        cut_after = proxy.cut_at - start if proxy.cut_at else None
-    assert metadata < cut_after_bytes < metadata + weights  # inside the weights
+        _assert_cut_inside_the_weights(proxy, model, weights)
+        assert proxy.cut_at is not None
+        cut_after = proxy.cut_at - start
+        # the retry (load_retries=1) knocked on the store while it was down, and was refused
+        assert proxy.refused >= 1, proxy.refused
     # the driver's `except WeightLoadError` ran (ray_stream_llm.typed_errors), Ray's
     # ActorDiedError as its cause
     assert out["error"]["class"] == "WeightLoadError", out["log"][-3000:]
@@ -104,12 +117,26 @@ def test_store_stays_away_fails_with_the_cause(s3_server, tiny_models, work):
 # --- one job, two proofs: a slow store, and store settings given only in the config --------
 # (the session's sharded_job, tests/conftest.py, which test_sharing also takes as its control)
 def test_slow_store_still_completes(sharded_job):
-    """50 ms added to every request chunk: slower, and every row comes back."""
-    out = sharded_job["out"]
+    """50 ms added to every request chunk: slower, and every row comes back. Measured by the
+    proxy: every shard the engine streamed was asked for through it, and it held every piece
+    of every request 50 ms or more."""
+    out, model = sharded_job["out"], sharded_job["model"]
+    proxy = sharded_job["through_proxy"]
     assert sharded_job["bytes_down"] > 0
+    bucket, _, prefix = model.uri.removeprefix("s3://").partition("/")
+    asked = {r.split()[1].split("?")[0] for r in proxy["requests"] if r.startswith("GET ")}
+    shards = {w for w in model.weights if w.endswith(".safetensors")}
+    assert {f"/{bucket}/{prefix}{w}" for w in shards} <= asked, sorted(asked)
+    # the link held every piece of every request the 50 ms before passing it on
+    assert len(proxy["held"]) >= len(proxy["requests"]) > 0
+    assert min(proxy["held"]) >= 0.05, sorted(proxy["held"])[:5]
     assert sorted(r["question"] for r in out["rows"]) == sorted(SHARDED_QUESTIONS)
     assert all(r["num_generated_tokens"] == SHARDED_MAX_TOKENS for r in out["rows"])
-    print(f"\nslow store: {len(out['rows'])} rows in {sharded_job['seconds']:.1f}s")
+    print(
+        f"\nslow store: {len(out['rows'])} rows in {sharded_job['seconds']:.1f}s, "
+        f"{len(proxy['held'])} request pieces held {min(proxy['held']) * 1000:.0f}-"
+        f"{max(proxy['held']) * 1000:.0f} ms ({len(proxy['requests'])} requests)"
+    )
 
 
 def test_settings_only_in_config_reach_every_actor_and_no_secret_leaks(s3_server, sharded_job):

@@ -11,6 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 from helpers.s3log import AccessLog, copy_model, prefix_of
+from helpers.waiting import wait_until
 
 from ray_stream_llm.fetch import fetch_metadata_report
 from ray_stream_llm.uri import parse_model_uri
@@ -60,10 +61,7 @@ def test_the_next_job_streams_warm_weights_and_reads_no_weight_byte(
     assert len(_weight_gets(log, model.uri)) == len(objects)  # the first job pulled
     # the last engine is gone: the region stays, complete, with its deadline (set at once,
     # or by the reaper once the pull's thread has let its lock go) and its reaper
-    deadline = time.monotonic() + 30
-    while not (region / node_weights.WARM_UNTIL).exists():
-        assert time.monotonic() < deadline and region.exists(), "never kept warm"
-        time.sleep(0.2)
+    wait_until((region / node_weights.WARM_UNTIL).exists, 30, "never kept warm")
     assert _reaper_of(region)
     assert all(node_weights.done(region, o.path) for o in objects)
 
@@ -75,14 +73,23 @@ def test_the_next_job_streams_warm_weights_and_reads_no_weight_byte(
 
 
 def test_warm_weights_are_removed_when_their_time_is_up(s3_server, s3_env, tiny_models, base):
+    """Kept for keep_warm_s after the last engine, not less (the deadline the region records
+    is that long after the release, and the region is there until it), removed after it
+    (not much later: the reaper polls), its reaper gone too."""
+    keep = 3.0
     model = copy_model(s3_server, tiny_models["single"], "warm-expiry")
     objects = fetch_metadata_report(model.uri).weight_objects
-    region = _job(model.uri, objects, base, keep_warm_s=3)
-    assert region.exists()
-    deadline = time.monotonic() + 30
-    while region.exists() or _reaper_of(region):
-        assert time.monotonic() < deadline, (region.exists(), _reaper_of(region))
-        time.sleep(0.2)
+    region = _job(model.uri, objects, base, keep_warm_s=keep)
+    released = time.time()
+    warm_until = region / node_weights.WARM_UNTIL
+    wait_until(warm_until.exists, 30, "never kept warm")
+    deadline = float(warm_until.read_text())
+    # set at the release, or by the reaper after its 2 s grace once the pull's thread is done
+    assert released - 1 <= deadline - keep <= released + 10, (deadline - released, keep)
+    seen_until = wait_until(lambda: None if region.exists() else time.time(), 30, "never removed")
+    assert seen_until >= deadline, f"removed {deadline - seen_until:.1f} s before its time"
+    assert seen_until <= deadline + 10, f"removed {seen_until - deadline:.1f} s after its time"
+    wait_until(lambda: not _reaper_of(region), 10, lambda: f"reaper left: {_reaper_of(region)}")
 
 
 def test_warm_weights_left_by_an_earlier_ray_session_are_adopted(
@@ -106,9 +113,17 @@ def test_a_region_not_kept_warm_goes_with_its_last_engine(s3_server, s3_env, tin
     model = copy_model(s3_server, tiny_models["single"], "not-warm")
     objects = fetch_metadata_report(model.uri).weight_objects
     region = _job(model.uri, objects, base, keep_warm_s=0)
-    # removed by the release, or by the reaper once the pull's thread let its lock go
-    deadline = time.monotonic() + 30
-    while region.exists():
-        assert time.monotonic() < deadline, "the region outlived its last engine"
-        time.sleep(0.2)
-    assert not (region.parent / region.name / node_weights.WARM_UNTIL).exists()
+    released = time.time()
+    # removed by the release, or by the reaper once the pull's thread let its lock go (its
+    # 2 s grace), and never kept warm meanwhile: no deadline was ever written while it stood
+    kept_warm: list[str] = []
+
+    def gone() -> float | None:
+        if (region / node_weights.WARM_UNTIL).exists():
+            kept_warm.append((region / node_weights.WARM_UNTIL).read_text())
+        return None if region.exists() else time.time()
+
+    removed = wait_until(gone, 30, "the region outlived its last engine", poll=0.02)
+    assert kept_warm == [], kept_warm
+    assert removed - released < 10, f"removed {removed - released:.1f} s after the release"
+    wait_until(lambda: not _reaper_of(region), 10, lambda: f"reaper left: {_reaper_of(region)}")

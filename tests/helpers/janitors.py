@@ -1,32 +1,60 @@
-"""The engines' janitors (ray_stream_llm.integrations.vllm.shm), seen from the tests."""
+"""The engines' janitors (ray_stream_llm.integrations.vllm.shm) and the regions' reapers
+(ray_stream_llm.weights.region), the library's detached processes, seen from the tests."""
 
 from __future__ import annotations
 
 import os
-import time
 
+from helpers.waiting import wait_until
 from ray_stream_llm.integrations.vllm import shm as shm_module
 from ray_stream_llm.integrations.vllm.shm import orphaned_segments, remove_orphaned_segments
 
+REAPER_MODULE = "ray_stream_llm.weights.region"
 
-def wait_for_janitors(since: float, timeout: float = 120.0) -> list[int]:
-    """Wait until the engines' janitors started since ``since`` have finished: they are
-    detached, outlive the job and remove its shared memory after its last process exits,
-    so what a job left behind is judged once they are done. Returns those still running
-    after ``timeout`` s (none, normally)."""
+
+def _detached(since: float, reapers: bool) -> list[str]:
+    """The janitors (and with ``reapers``, the regions' reapers) started since ``since`` that
+    still run though what they wait for is gone: a janitor whose engine (its first argument)
+    has exited, a reaper whose region (its last) no longer exists. Both end within a second
+    or two of that, whatever else runs; one watching a live engine or an existing region
+    belongs to a job still running (on a shared machine, maybe not this run's, and never
+    this run's once its jobs are done: a leaked engine or region is a leftover of its own).
+    ``"pid: command line"`` each."""
     import psutil
 
     janitor = os.path.abspath(shm_module.__file__)
-    deadline = time.monotonic() + timeout
-    while True:
-        running = []
-        for proc in psutil.process_iter(["cmdline", "create_time"]):
-            cmdline = proc.info["cmdline"] or []
-            if (proc.info["create_time"] or 0) >= since and cmdline[1:2] == [janitor]:
-                running.append(proc.pid)
-        if not running or time.monotonic() >= deadline:
-            return running
-        time.sleep(0.5)
+    found = []
+    for proc in psutil.process_iter(["cmdline", "create_time", "status"]):
+        cmdline = proc.info["cmdline"] or []
+        if (proc.info["create_time"] or 0) < since or proc.info["status"] == "zombie":
+            continue
+        if cmdline[1:2] == [janitor] and len(cmdline) > 2:
+            waits_on_nothing = not psutil.pid_exists(int(cmdline[2]))
+        elif reapers and cmdline[1:4] == ["-m", REAPER_MODULE, "reap"] and len(cmdline) > 4:
+            waits_on_nothing = not os.path.exists(cmdline[4])
+        else:
+            continue
+        if waits_on_nothing:
+            found.append(f"{proc.pid}: {' '.join(cmdline)}")
+    return found
+
+
+def wait_for_detached(since: float, timeout: float = 120.0, reapers: bool = True) -> list[str]:
+    """Wait until the detached processes started since ``since`` have finished: an engine's
+    janitor outlives the job and removes its shared memory after its last process exits; a
+    region's reaper removes the region once no process holds it (or its warm time is up).
+    What a run left behind is judged once they are done. Returns those still running after
+    ``timeout`` s (``"pid: command line"`` each; none, normally)."""
+    try:
+        wait_until(lambda: not _detached(since, reapers), timeout, "detached processes", poll=0.5)
+    except AssertionError:
+        return _detached(since, reapers)
+    return []
+
+
+def wait_for_janitors(since: float, timeout: float = 120.0) -> list[str]:
+    """:func:`wait_for_detached` for the engines' janitors only."""
+    return wait_for_detached(since, timeout, reapers=False)
 
 
 def segments_left(start: float) -> list[str]:

@@ -1,0 +1,85 @@
+"""The fault proxy of ray_stream_llm.tools.link, tapped: what went through it, how long the
+link held each piece of a request, and where a cut fell, counted by the proxy itself."""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+from typing import Any
+
+from ray_stream_llm.tools.link import Link
+
+_REQUEST = re.compile(rb"(?:^|\r\n)([A-Z]+) (\S+) HTTP/1\.[01]\r\n")
+
+
+class _Wrapped:
+    """A socket seen through the tap: the link calls it as it calls the socket (its set of
+    connections holds the socket itself, so the wrapper compares and hashes as that)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+    def __eq__(self, other: object) -> bool:
+        return self.sock == other
+
+    def __hash__(self) -> int:
+        return hash(self.sock)
+
+
+class _Client(_Wrapped):
+    """The client's side of one connection: its request lines noted, the time each piece
+    came in kept for the store's side."""
+
+    def __init__(self, sock: socket.socket, link: TappedLink) -> None:
+        super().__init__(sock)
+        self.link = link
+        self.received_at = 0.0
+
+    def recv(self, n: int) -> bytes:
+        data = self.sock.recv(n)
+        self.received_at = time.monotonic()
+        for method, target in _REQUEST.findall(data):
+            self.link.requests.append(f"{method.decode()} {target.decode()}")
+        return data
+
+
+class _Store(_Wrapped):
+    """The store's side of the same connection: how long each piece was held on the way."""
+
+    def __init__(self, sock: socket.socket, client: _Client, link: TappedLink) -> None:
+        super().__init__(sock)
+        self.client, self.link = client, link
+
+    def sendall(self, data: bytes) -> None:
+        self.link.held.append(time.monotonic() - self.client.received_at)
+        self.sock.sendall(data)
+
+
+class TappedLink(Link):
+    """The fault proxy, noting the requests that went through it, how long it held each piece
+    a client sent, and, at the cut, what had come down and which requests had been sent."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.requests: list[str] = []  # "GET /bucket/key?query", in the order sent
+        self.held: list[float] = []  # s between a client's piece coming in and going on
+        self.bytes_at_cut: int | None = None
+        self.requests_at_cut: list[str] = []
+
+    def _pump(self, src: socket.socket, dst: socket.socket, downstream: bool) -> None:
+        if downstream:
+            super()._pump(src, dst, downstream)
+        else:
+            client = _Client(src, self)
+            super()._pump(client, _Store(dst, client, self), downstream)  # type: ignore[arg-type]
+
+    def _cut(self) -> None:
+        with self._lock:
+            if self.cut_at is None:
+                self.bytes_at_cut = self.bytes_down
+                self.requests_at_cut = list(self.requests)
+        super()._cut()
