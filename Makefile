@@ -20,7 +20,7 @@ PYTEST := $(PY) -m pytest
 EDITABLE_LOCK := flock .venvs/.editable.lock
 FAST := -m "not s3 and not gcs and not azure and not e2e"
 
-.PHONY: setup setup-compat azurite demo test test-one-stream test-main test-stream-a test-stream-b test-main-b test-compat test-slow test-fast lint format typecheck bench clean
+.PHONY: setup setup-compat wheel azurite demo test test-one-stream test-main test-stream-a test-stream-b test-main-b test-compat test-slow test-fast lint format typecheck bench clean
 
 setup: $(STAMP)
 
@@ -43,38 +43,69 @@ endif
 	$(PY) -c "import vllm, ray, torch, runai_model_streamer, ray_stream_llm; print('stack:', 'vllm', vllm.__version__, 'ray', ray.__version__, 'torch', torch.__version__)"
 	touch $(STAMP)
 
+# The package as a user installs it: an sdist, and the wheel built from that sdist
+# (python -m build), both checked by twine. The older environments install this wheel.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+WHEEL := dist/ray_stream_llm-$(VERSION)-py3-none-any.whl
+wheel: $(WHEEL)
+$(WHEEL): $(STAMP) pyproject.toml README.md $(shell find ray_stream_llm -name '*.py' -o -name py.typed)
+	rm -rf dist
+	mkdir -p build && $(PY) -m build --outdir dist . > build/wheel.log 2>&1 || { tail -30 build/wheel.log; exit 1; }
+	$(VENV)/bin/twine check --strict dist/*
+
 # One environment per tested older Ray (docs/compatibility.md): the same vLLM CPU build,
-# torch and streamer as .venv, that Ray with the requirements of its llm extra.
+# torch and streamer as .venv, that Ray with the requirements of its llm extra (the stack,
+# built side by side with .venv); then the wheel, installed as a user would, with pip resolving
+# its requirements against the environment, after pip's dry run has shown that it changes none
+# of Ray, vLLM, torch, transformers and the streamer there (tests/install_check.py).
 COMPAT_RAY := 2.48.0 2.54.1
 COMPAT := .venvs/ray-
 VLLM_NEXT := .venvs/vllm-0.32.0
+# a Ray 2.60 cluster's environment without the library (the job-submission example ships
+# the wheel to it in its runtime_env: tests/test_examples.py)
+BARE := .venvs/cluster-ray-2.60.0
 PURELIB := -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
-setup-compat: $(COMPAT_RAY:%=$(COMPAT)%/.setup-done) $(VLLM_NEXT)/.setup-done
+setup-compat: $(COMPAT_RAY:%=$(COMPAT)%/.setup-done) $(VLLM_NEXT)/.setup-done $(BARE)/.setup-done
 
-$(COMPAT)%/.setup-done: $(REQ)/compat/ray-%.txt $(REQ)/compat/test.txt $(REQ)/vllm-cpu-deps.txt $(REQ)/streamer.txt pyproject.toml
+$(COMPAT)%/.stack-done: $(REQ)/compat/ray-%.txt $(REQ)/compat/test.txt $(REQ)/vllm-cpu-deps.txt $(REQ)/streamer.txt
 	rm -rf $(COMPAT)$*
 	$(PYTHON) -m venv $(COMPAT)$*
 	$(COMPAT)$*/bin/pip install -q -U pip wheel
 	$(COMPAT)$*/bin/pip install -q $(TORCH)
 	$(COMPAT)$*/bin/pip install -q -r $(REQ)/vllm-cpu-deps.txt -r $(REQ)/compat/ray-$*.txt \
 	    -r $(REQ)/streamer.txt -r $(REQ)/compat/test.txt $(TORCH)
-	mkdir -p .venvs && $(EDITABLE_LOCK) $(COMPAT)$*/bin/pip install -q --no-deps -e .
 	$(COMPAT)$*/bin/pip install -q --no-deps vllm-cpu==0.29.0
 	if [ -f $(REQ)/compat/ray-$*-control.txt ]; then $(COMPAT)$*/bin/pip install -q --no-deps \
 	    --target $(COMPAT)$*/control -r $(REQ)/compat/ray-$*-control.txt; fi
-	$(COMPAT)$*/bin/python -c "import vllm, ray, torch, ray_stream_llm; print('stack:', 'vllm', vllm.__version__, 'ray', ray.__version__, 'torch', torch.__version__)"
+	touch $@
+
+$(COMPAT)%/.setup-done: $(COMPAT)%/.stack-done $(WHEEL)
+	$(COMPAT)$*/bin/python tests/install_check.py $(WHEEL)
+	cd /tmp && $(CURDIR)/$(COMPAT)$*/bin/python -c "import vllm, ray, torch, ray_stream_llm; print('stack:', 'vllm', vllm.__version__, 'ray', ray.__version__, 'torch', torch.__version__, 'ray_stream_llm', ray_stream_llm.__file__)"
+	touch $@
+
+$(BARE)/.setup-done: $(REQ)/vllm-cpu-deps.txt $(REQ)/ray-llm.txt $(REQ)/streamer.txt
+	rm -rf $(BARE)
+	$(PYTHON) -m venv $(BARE)
+	$(BARE)/bin/pip install -q -U pip wheel
+	$(BARE)/bin/pip install -q $(TORCH)
+	$(BARE)/bin/pip install -q -r $(REQ)/vllm-cpu-deps.txt -r $(REQ)/ray-llm.txt \
+	    -r $(REQ)/streamer.txt pyyaml $(TORCH)
+	$(BARE)/bin/pip install -q --no-deps vllm-cpu==0.29.0
+	! $(BARE)/bin/python -c "import ray_stream_llm" 2>/dev/null
 	touch $@
 
 # vLLM 0.32.0 (the next vLLM; docs/compatibility.md) over .venv: a venv whose .pth adds
 # .venv's site-packages after its own, holding only what 0.32 pins differently from 0.29.
-$(VLLM_NEXT)/.setup-done: $(STAMP) $(REQ)/compat/vllm-0.32.0.txt
+$(VLLM_NEXT)/.setup-done: $(STAMP) $(REQ)/compat/vllm-0.32.0.txt $(WHEEL)
 	rm -rf $(VLLM_NEXT)
 	$(PYTHON) -m venv $(VLLM_NEXT)
 	echo "import site; site.addsitedir('$$($(PY) $(PURELIB))')" \
 	    > "$$($(VLLM_NEXT)/bin/python $(PURELIB))/zz-base-venv.pth"
 	$(VLLM_NEXT)/bin/pip install -q --no-deps -r $(REQ)/compat/vllm-0.32.0.txt
 	ln -s $(abspath $(VENV))/bin/weed $(VLLM_NEXT)/bin/weed  # SeaweedFS, for the tests
-	$(VLLM_NEXT)/bin/python -c "import vllm, ray, torch, ray_stream_llm; print('stack:', 'vllm', vllm.__version__, 'ray', ray.__version__, 'torch', torch.__version__)"
+	$(VLLM_NEXT)/bin/python tests/install_check.py $(WHEEL)  # shadows .venv's editable checkout
+	cd /tmp && $(CURDIR)/$(VLLM_NEXT)/bin/python -c "import vllm, ray, torch, ray_stream_llm; print('stack:', 'vllm', vllm.__version__, 'ray', ray.__version__, 'torch', torch.__version__, 'ray_stream_llm', ray_stream_llm.__file__)"
 	touch $@
 
 demo: setup
@@ -105,10 +136,12 @@ MAIN = $(PYTEST) -m "not compat and not slow" --durations=25 --junit-xml=$(DURAT
 # about half the suite's time (the files' durations in CI), with no file in both streams
 MAIN_B := tests/test_readme.py tests/test_sharing.py tests/test_faults.py
 
-test-main: setup $(AZURITE)
+# the job-submission example ships the wheel to a cluster's environment without the library
+EXAMPLE_CLUSTER := $(WHEEL) $(BARE)/.setup-done
+test-main: setup $(AZURITE) $(EXAMPLE_CLUSTER)
 	$(MAIN)
 
-test-stream-a: setup $(AZURITE)
+test-stream-a: setup $(AZURITE) $(EXAMPLE_CLUSTER)
 	tests/stream.sh a $(MAIN) $(MAIN_B:%=--ignore=%)
 
 test-stream-b: setup setup-compat $(AZURITE)
@@ -122,30 +155,40 @@ test-main-b: setup $(AZURITE)
 test-slow: setup
 	$(PYTEST) -m slow
 
-# The contract tests in each older tested Ray's environment; on Ray 2.48.0 also the
-# reproduction of ray-project/ray#55574 and the peers' failover on three Ray nodes (the oldest
-# Ray's actors, names and object transfer); on vLLM 0.32 (over Ray 2.60) also the compile
-# cache's vLLM touch points and one streamed SmolLM2 job (docs/compatibility.md).
-# The store and fetch tests run on the oldest Ray, less the one that proves only the OS's
-# file locks between processes (the store's packages resolve alike in all three Rays'
-# environments: boto3 1.44.8, pyarrow 26.0.1, the streamer 0.17.1); vLLM 0.32's environment
-# takes them from .venv. Ray 2.48.0 and 2.54.1 have .venv's vLLM: the count of a KV cache
-# token against vLLM's own runs on Ray 2.60 and on vLLM 0.32.
-CONTRACT := tests/test_compat.py tests/test_pure.py tests/test_report.py
-STORE_CONTRACT := tests/test_store.py tests/test_fetch.py \
-	--deselect tests/test_fetch.py::test_concurrent_processes_download_once_and_never_show_a_partial_dir
+# The contract tests in each older tested Ray's environment, on the wheel installed there; on
+# Ray 2.48.0 also the reproduction of ray-project/ray#55574 and the peers' failover on three
+# Ray nodes (the oldest Ray's actors, names and object transfer); on vLLM 0.32 (over Ray 2.60)
+# also the compile cache's vLLM touch points and one streamed SmolLM2 job
+# (docs/compatibility.md). The store and fetch tests run on .venv only: the store's packages
+# are checked to be the same versions in the older environments (STORE_PACKAGES). Ray 2.48.0
+# and 2.54.1 have .venv's vLLM: the count of a KV cache token against vLLM's own runs on Ray
+# 2.60 and on vLLM 0.32. Each runs from build/on-wheel: Ray's workers put the driver's working
+# directory first on their path, where the repository root would shadow the installed wheel
+# with the checkout (--on-wheel fails a run that imports the checkout).
+T := $(CURDIR)/tests
+ON_WHEEL = mkdir -p build/on-wheel && cd build/on-wheel &&
+CONTRACT := $(T)/test_compat.py $(T)/test_pure.py $(T)/test_report.py --on-wheel
 SAME_VLLM := --deselect tests/test_compat.py::test_the_kv_cache_bound_counts_a_token_as_vllm_does
+JUNIT = --junit-xml=$(CURDIR)/$(DURATIONS)/$(1).xml
+STORE_PACKAGES := boto3 botocore s3transfer urllib3 pyarrow pydantic pydantic-core filelock \
+	runai-model-streamer runai-model-streamer-s3
+versions = $(1)/bin/python -c "import importlib.metadata as m; \
+	[print(p, m.version(p)) for p in '$(STORE_PACKAGES)'.split()]"
 test-compat: setup-compat
-	$(COMPAT)2.48.0/bin/python -m pytest $(CONTRACT) $(STORE_CONTRACT) $(SAME_VLLM) \
-	    tests/test_issue_55574.py \
-	    tests/test_peers.py::test_a_peer_killed_mid_copy_is_replaced_and_every_region_completes \
-	    --durations=5 --junit-xml=$(DURATIONS)/ray-2.48.0.xml
-	$(COMPAT)2.54.1/bin/python -m pytest $(CONTRACT) -m "not compat" $(SAME_VLLM) \
-	    --durations=5 --junit-xml=$(DURATIONS)/ray-2.54.1.xml
-	$(VLLM_NEXT)/bin/python -m pytest $(CONTRACT) tests/test_compile_cache.py -m "not compat and not engine" \
-	    --durations=5 --junit-xml=$(DURATIONS)/vllm-0.32.0.xml
-	$(VLLM_NEXT)/bin/python -m pytest tests/test_e2e.py::test_streamed_smollm2_answers_with_no_weights_on_disk \
-	    --junit-xml=$(DURATIONS)/vllm-0.32.0-e2e.xml
+	for env in $(COMPAT_RAY:%=$(COMPAT)%); do \
+	    diff <($(call versions,$(VENV))) <($(call versions,$$env)) \
+	        || { echo "$$env: the store's packages differ from .venv's"; exit 1; }; done
+	$(ON_WHEEL) $(CURDIR)/$(COMPAT)2.48.0/bin/python -m pytest $(CONTRACT) $(SAME_VLLM) \
+	    $(T)/test_issue_55574.py \
+	    $(T)/test_peers.py::test_a_peer_killed_mid_copy_is_replaced_and_every_region_completes \
+	    --durations=5 $(call JUNIT,ray-2.48.0)
+	$(ON_WHEEL) $(CURDIR)/$(COMPAT)2.54.1/bin/python -m pytest $(CONTRACT) -m "not compat" \
+	    $(SAME_VLLM) --durations=5 $(call JUNIT,ray-2.54.1)
+	$(ON_WHEEL) $(CURDIR)/$(VLLM_NEXT)/bin/python -m pytest $(CONTRACT) $(T)/test_compile_cache.py \
+	    -m "not compat and not engine" --durations=5 $(call JUNIT,vllm-0.32.0)
+	$(ON_WHEEL) $(CURDIR)/$(VLLM_NEXT)/bin/python -m pytest --on-wheel \
+	    $(T)/test_e2e.py::test_streamed_smollm2_answers_with_no_weights_on_disk \
+	    $(call JUNIT,vllm-0.32.0-e2e)
 
 # The tests that start no server and no Ray (under a minute).
 test-fast: setup

@@ -327,3 +327,33 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if os.environ.get("CI") == "true" and _skipped:
         print(f"\nCI=true: {len(_skipped)} test(s) skipped, which fails the run: {_skipped}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# --- the package under test ---------------------------------------------------------------
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--on-wheel",
+        action="store_true",
+        help="fail unless ray_stream_llm is imported from an installed wheel, not the checkout "
+        "(make test-compat)",
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    import ray_stream_llm
+
+    return f"ray_stream_llm {ray_stream_llm.__version__} from {ray_stream_llm.__file__}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not config.getoption("--on-wheel"):
+        return
+    import ray_stream_llm
+
+    checkout = Path(__file__).resolve().parent.parent
+    imported = Path(ray_stream_llm.__file__).resolve()
+    if imported.is_relative_to(checkout / "ray_stream_llm"):
+        raise pytest.UsageError(
+            f"--on-wheel: ray_stream_llm was imported from the checkout ({imported}), not "
+            "from the installed wheel: run pytest from outside the repository root"
+        )

@@ -4,7 +4,7 @@ has shown that it changes none of the packages a Ray cluster must keep: Ray, vLL
 transformers and the Run:ai streamer (make setup-compat runs it in each older tested
 environment; a pin that would replace the environment's Ray fails here).
 
-    python tests/install_check.py WHEEL           dry run, check, then install
+    python tests/install_check.py WHEEL           dry run, check, then (re)install
     python tests/install_check.py --check WHEEL   dry run and check only
 
 Run it with the environment's own interpreter; it exits non-zero, naming each package pip
@@ -69,7 +69,10 @@ def main(argv: list[str]) -> int:
         return 1
     print(f"install_check: {Path(wheel).name} changes none of {', '.join(KEPT)}, the streamer")
     if not check_only:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", wheel], check=True)
+        # a wheel of the same version may be there from an earlier build: pip would keep it
+        pip = [sys.executable, "-m", "pip"]
+        subprocess.run([*pip, "uninstall", "-q", "-y", "ray-stream-llm"], check=True)
+        subprocess.run([*pip, "install", "-q", wheel], check=True)
     return 0
 
 

@@ -298,3 +298,18 @@ def test_the_kv_cache_bound_counts_a_token_as_vllm_does(model_dir, tmp_path):
         config = json.loads((path / "config.json").read_text())
         ours = memory.kv_cache_usable_bytes(config, {"tensor_parallel_size": tp, "max_num_seqs": 1})
         assert ours == int(theirs.max_model_len * per_token * memory.KV_CACHE_HEADROOM), (path, tp)
+
+
+def test_ray_workers_import_the_package_the_driver_imports(small_cluster):
+    """Ray puts the driver's working directory first on its workers' path: run from a
+    checkout, a worker would import the checkout while the driver imports an installed wheel
+    (make test-compat runs from build/on-wheel for this reason)."""
+    import ray_stream_llm
+
+    @ray.remote(num_cpus=0)
+    def imported() -> str:
+        import ray_stream_llm
+
+        return ray_stream_llm.__file__
+
+    assert ray.get(imported.remote()) == ray_stream_llm.__file__

@@ -20,6 +20,7 @@ import json
 import os
 import re
 import runpy
+import shutil
 import subprocess
 import sys
 import time
@@ -44,15 +45,19 @@ REPO = Path(__file__).resolve().parents[1]
 JOB_DIR = REPO / "examples" / "job_submission"
 NOTEBOOK = REPO / "examples" / "notebook.ipynb"
 BIN = Path(sys.executable).parent  # the venv's python, ray
+# the example's cluster: Ray 2.60 and vLLM without this library (make setup-compat), and the
+# wheel the job ships to it (make wheel)
+CLUSTER_BIN = REPO / ".venvs" / "cluster-ray-2.60.0" / "bin"
+DIST = REPO / "dist"
 PLACEHOLDER = re.compile(r"<[^<>]+>")
 MAX_TOKENS = 4  # the tiny model answers with random tokens: keep it short
 
 
 # --- helpers -------------------------------------------------------------------------------
-def _isolated_env(work: Path) -> dict[str, str]:
+def _isolated_env(work: Path, bin_dir: Path = BIN) -> dict[str, str]:
     """A process environment with no AWS variable and every user-level path inside ``work``;
-    `python` and `ray` on PATH are the venv's."""
-    return isolated_env(work, {"PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"})
+    `python` and `ray` on PATH are ``bin_dir``'s (by default the venv's)."""
+    return isolated_env(work, {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
 
 
 def _processes(markers: list[str]) -> list[psutil.Process]:
@@ -141,8 +146,9 @@ class RayHead:
     stopped by PID (its processes name the temp dir or the GCS address on their command
     lines; workers, agents and engines are their descendants)."""
 
-    def __init__(self, work: Path, env: dict[str, str]) -> None:
+    def __init__(self, work: Path, env: dict[str, str], bin_dir: Path = BIN) -> None:
         self.env = env
+        self.bin = bin_dir
         self.temp_dir = work / "ray"
         (
             self.gcs_port,
@@ -158,7 +164,7 @@ class RayHead:
         self.address = f"127.0.0.1:{self.gcs_port}"
         self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
         self.cmd = [
-            str(BIN / "ray"),
+            str(bin_dir / "ray"),
             "start",
             "--head",
             "--node-ip-address=127.0.0.1",
@@ -230,7 +236,7 @@ class RayHead:
 
     def job(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [str(BIN / "ray"), "job", *args, "--address", self.dashboard_url],
+            [str(self.bin / "ray"), "job", *args, "--address", self.dashboard_url],
             env=self.env,
             capture_output=True,
             text=True,
@@ -241,7 +247,10 @@ class RayHead:
 
 @pytest.fixture
 def ray_head(work: Path) -> Iterator[RayHead]:
-    head = RayHead(work, _isolated_env(work))
+    """A head of the example's cluster: an environment without this library."""
+    if not (CLUSTER_BIN / "ray").exists():
+        pytest.fail(f"{CLUSTER_BIN.parent} is missing: make setup-compat builds it")
+    head = RayHead(work, _isolated_env(work, CLUSTER_BIN), CLUSTER_BIN)
     try:
         head.start()
         yield head
@@ -338,63 +347,98 @@ def test_job_entrypoint_store_settings(monkeypatch):
         entry.parse_args([])
 
 
+def _job_dir_with_wheel(into: Path) -> tuple[Path, str]:
+    """The example's folder as a user prepares it: a copy holding the wheel its runtime_env
+    names (working_dir carries it to every node); returns the copy and the wheel's name."""
+    import yaml
+
+    shipped = yaml.safe_load((JOB_DIR / "runtime_env.yaml").read_text())
+    (requirement,) = shipped["pip"]
+    name = requirement.removeprefix("${RAY_RUNTIME_ENV_CREATE_WORKING_DIR}/")
+    wheel = DIST / name
+    if not wheel.is_file():
+        built = sorted(p.name for p in DIST.glob("*.whl"))
+        pytest.fail(f"runtime_env.yaml ships {name}, the build has {built}: make wheel")
+    job_dir = into / "job"
+    shutil.copytree(JOB_DIR, job_dir, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(wheel, job_dir / name)
+    return job_dir, name
+
+
+def _submit(head: RayHead, runtime_env: Path, job_dir: Path, args: list[str]) -> tuple[str, str]:
+    """``ray job submit`` from the cluster's environment; waits for the job (tailing its
+    logs), returns its final status and its logs."""
+    submission_id = f"rsl-example-{uuid.uuid4().hex[:8]}"
+    cmd = [
+        str(head.bin / "ray"), "job", "submit", "--address", head.dashboard_url,
+        "--submission-id", submission_id, "--runtime-env", str(runtime_env),
+        "--working-dir", str(job_dir), "--", "python", "entrypoint.py", *args,
+    ]  # fmt: skip
+    try:
+        subprocess.run(cmd, env=head.env, capture_output=True, timeout=480, check=False)
+    except subprocess.TimeoutExpired:
+        logs = head.job("logs", submission_id).stdout
+        pytest.fail(f"the job did not finish in 480 s; its logs:\n{logs[-6000:]}")
+    status = head.job("status", submission_id).stdout
+    return status, head.job("logs", submission_id).stdout
+
+
 @pytest.mark.e2e
 @pytest.mark.engine
-def test_job_submission_example(s3_server, tiny_models, work, ray_head, tmp_path):
+def test_job_submission_example_ships_the_wheel_to_a_cluster_without_it(
+    s3_server, tiny_models, work, ray_head, tmp_path
+):
+    """Issue 31: the library goes with the job. The cluster's environment has Ray and vLLM
+    and not this library; the job's runtime_env installs the wheel (a virtualenv over the
+    node's Python: the cluster's Ray, vLLM and torch stay), the engine streams, and the
+    plugin runs in vLLM's processes (the streamer's figures come from it). Shipped as
+    ``py_modules`` instead (no entry points), the job is refused on the driver, in one line,
+    before any actor starts."""
     import pyarrow.parquet as pq
-    from ray.job_submission import JobStatus, JobSubmissionClient
+    import yaml
 
     questions = _load_entrypoint().QUESTIONS
     model = tiny_models["single"]
     runtime_env = _filled_runtime_env(s3_server, work)
-    out = work / "results"
-    submission_id = f"rsl-example-{uuid.uuid4().hex[:8]}"
-    before, start = len(s3_server.served()), time.time()
+    job_dir, wheel = _job_dir_with_wheel(work)
 
-    cmd = [
-        str(BIN / "ray"),
-        "job",
-        "submit",
-        "--address",
-        ray_head.dashboard_url,
-        "--submission-id",
-        submission_id,
-        "--runtime-env",
-        str(runtime_env),
-        "--working-dir",
-        str(JOB_DIR.relative_to(REPO)),
-        "--",
-        "python",
-        "entrypoint.py",
-        model.uri,
-        str(out),
-        "--max-tokens",
-        str(MAX_TOKENS),
-    ]
-    # from the repository root, as the README says; waits for the job, tailing its logs,
-    # and exits 1 when the job fails
-    try:
-        proc = subprocess.run(
-            cmd,
-            env=ray_head.env,
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=480,
-            check=False,
+    # py_modules: the package's directory, without its metadata
+    filled = yaml.safe_load(runtime_env.read_text())
+    as_modules = work / "runtime_env_py_modules.yaml"
+    as_modules.write_text(
+        yaml.safe_dump(
+            {
+                "env_vars": filled["env_vars"],
+                "py_modules": [str(REPO / "ray_stream_llm")],
+            }
         )
-    except subprocess.TimeoutExpired:
-        logs = ray_head.job("logs", submission_id).stdout
-        pytest.fail(f"the job did not finish in 480 s; its logs:\n{logs[-6000:]}")
-    submit_output = proc.stdout + proc.stderr
-    info = JobSubmissionClient(ray_head.dashboard_url).get_job_info(submission_id)
-    logs = ray_head.job("logs", submission_id).stdout
-    (tmp_path / "job.log").write_text(logs)  # kept by pytest, for a look afterwards
-    assert proc.returncode == 0, (
-        f"ray job submit exited {proc.returncode}:\n{submit_output[-6000:]}"
     )
-    assert info.status == JobStatus.SUCCEEDED, (info.status, info.message, logs[-4000:])
+    status, logs = _submit(ray_head, as_modules, job_dir, [model.uri, str(work / "none")])
+    assert "FAILED" in status, (status, logs[-4000:])
+    refused = [line for line in logs.splitlines() if "PluginNotActiveError" in line]
+    assert len(refused) == 1, logs[-4000:]
+    assert "runtime_env={'pip': ['ray-stream-llm']}" in refused[0], refused
+    assert "Traceback" not in logs, logs[-4000:]  # one line, not a stack
+    assert "ROWS" not in logs
+
+    # pip: the wheel, from the job's working_dir
+    out = work / "results"
+    before, start = len(s3_server.served()), time.time()
+    status, logs = _submit(
+        ray_head, runtime_env, job_dir, [model.uri, str(out), "--max-tokens", str(MAX_TOKENS)]
+    )
+    (tmp_path / "job.log").write_text(logs)  # kept by pytest, for a look afterwards
+    assert "SUCCEEDED" in status, (status, logs[-4000:])
     assert re.search(rf"^ROWS {len(questions)}$", logs, re.MULTILINE), logs[-4000:]
+    # the job's driver imported the wheel from the job's own environment
+    (imported,) = re.findall(r"^ray_stream_llm .* from (.+)$", logs, re.MULTILINE)
+    assert "runtime_resources" in imported and "site-packages" in imported, imported
+    # the plugin ran in vLLM's processes: the streamer's own figures, none without it
+    (load,) = re.findall(r"^LOAD (.+)$", logs, re.MULTILINE)
+    figures = dict(item.split("=") for item in load.split())
+    weights = (model.local / "model.safetensors").stat().st_size
+    assert figures["weight_bytes"] == str(weights), load
+    assert 0 < int(figures["streamed_tensor_bytes"]) < weights, load
 
     # the Parquet output: every question once, each with generated text
     rows = pq.read_table(out).to_pylist()
@@ -406,10 +450,12 @@ def test_job_submission_example(s3_server, tiny_models, work, ray_head, tmp_path
     # weight file of any format reached local disk (HOME, TMPDIR and Ray's session are in work)
     assert "model.safetensors" in _reads(s3_server, model.uri, before)
     _check_clean_disk(work, start)
-    print(
-        f"\njob: {len(rows)} rows, {time.time() - start:.1f}s from submission "
-        f"({(info.end_time - info.start_time) / 1000:.1f}s as a Ray job)"
+    # the cluster's environment is as it was: the wheel went into the job's own
+    bare = subprocess.run(
+        [str(CLUSTER_BIN / "python"), "-c", "import ray_stream_llm"], capture_output=True
     )
+    assert bare.returncode != 0, "the cluster's environment has ray_stream_llm now"
+    print(f"\njob: {len(rows)} rows, {time.time() - start:.1f}s from submission ({wheel})")
 
 
 # --- examples/notebook.ipynb ----------------------------------------------------------------

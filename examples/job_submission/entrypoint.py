@@ -120,7 +120,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import ray
 
-    from ray_stream_llm import StreamingvLLMEngineProcessorConfig, build_llm_processor
+    import ray_stream_llm
+    from ray_stream_llm import (
+        RayStreamLLMError,
+        StreamingvLLMEngineProcessorConfig,
+        build_llm_processor,
+        load_reports,
+    )
+
+    print(f"ray_stream_llm {ray_stream_llm.__version__} from {ray_stream_llm.__file__}")
 
     output = _output_path(args.output_dir)
     store = object_store_from(args)
@@ -136,19 +144,27 @@ def main(argv: list[str] | None = None) -> int:
         concurrency=1,
         object_store=store,
     )
-    processor = build_llm_processor(
-        config,
-        preprocess=lambda row: dict(
-            messages=[{"role": "user", "content": row["question"]}],
-            sampling_params=dict(temperature=0.0, max_tokens=max_tokens),
-        ),
-        postprocess=lambda row: dict(
-            question=row["question"],
-            answer=row["generated_text"],
-            num_generated_tokens=int(row.get("num_generated_tokens") or 0),
-        ),
-    )
+    try:
+        processor = build_llm_processor(
+            config,
+            preprocess=lambda row: dict(
+                messages=[{"role": "user", "content": row["question"]}],
+                sampling_params=dict(temperature=0.0, max_tokens=max_tokens),
+            ),
+            postprocess=lambda row: dict(
+                question=row["question"],
+                answer=row["generated_text"],
+                num_generated_tokens=int(row.get("num_generated_tokens") or 0),
+            ),
+        )
+    except RayStreamLLMError as exc:  # a bad input, caught before any actor starts
+        sys.exit(f"entrypoint.py: {type(exc).__name__}: {exc}")
     results = processor(ray.data.from_items([{"question": q} for q in QUESTIONS])).materialize()
+    for report in load_reports():  # the streamer's figures, measured in vLLM's processes
+        print(
+            f"LOAD weight_bytes={report.weight_bytes} "
+            f"streamed_tensor_bytes={report.streamed_tensor_bytes}"
+        )
     for row in results.take_all():
         print(f"{row['question']!r} -> {row['answer']!r}")
     results.write_parquet(output)

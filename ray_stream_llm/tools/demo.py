@@ -13,6 +13,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 QUESTIONS: tuple[str, ...] = (
     "What is 2+2?",
@@ -29,13 +30,31 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
+def _tmpfs_mounts() -> list[str]:
+    """Mount points of memory file systems (tmpfs, ramfs): files there are memory, not disk."""
+    try:
+        with open("/proc/self/mounts") as f:
+            return [line.split()[1] for line in f if line.split()[2] in ("tmpfs", "ramfs")]
+    except OSError:
+        return ["/dev/shm"]
+
+
+def _in_memory(path: str, mounts: list[str]) -> bool:
+    return any(path == m or path.startswith(m.rstrip("/") + "/") for m in mounts)
+
+
 def weight_files_written(roots: list[Path], since: float) -> dict[str, int]:
-    """Weight files of any format under ``roots`` modified since ``since``: path -> bytes."""
+    """Weight files of any format on disk under ``roots`` (a memory file system's excluded)
+    modified since ``since``: path -> bytes."""
     from ray_stream_llm.patterns import is_weight_file
 
+    memory = _tmpfs_mounts()
     found = {}
     for root in roots:
-        for dirpath, _, names in os.walk(root):
+        for dirpath, dirnames, names in os.walk(root):
+            if _in_memory(dirpath, memory):
+                dirnames[:] = []
+                continue
             for name in names:
                 path = os.path.join(dirpath, name)
                 try:
@@ -47,7 +66,28 @@ def weight_files_written(roots: list[Path], since: float) -> dict[str, int]:
     return found
 
 
+def held_in_memory(reports: list[Any]) -> int:
+    """The bytes of the nodes' copies of the weights in memory (each node's one pull into
+    /dev/shm, ``weight_sharing`` "node"), from the engines' load reports; 0 where the
+    engines streamed from the store."""
+    pulls: dict[str, int] = {}
+    for report in reports:
+        if report.weight_sharing == "node" and report.pull_bytes:
+            pulls[report.node_ip] = max(pulls.get(report.node_ip, 0), report.pull_bytes)
+    return sum(pulls.values())
+
+
+def _wait_gone(processes: list[Any], timeout: float) -> list[Any]:
+    """Wait up to ``timeout`` for ``processes`` (psutil) to end; the ones still alive."""
+    import psutil
+
+    _, alive = psutil.wait_procs(processes, timeout=timeout)
+    return alive
+
+
 def run_demo(workdir: str | None = None) -> int:
+    import psutil
+
     from ray_stream_llm.tools.demo_model import ensure_demo_model
     from ray_stream_llm.tools.isolated import private_dirs
     from ray_stream_llm.tools.job import run_job
@@ -70,7 +110,12 @@ def run_demo(workdir: str | None = None) -> int:
         read = {u for u in server.objects_read() if u.endswith(".safetensors")}
         import ray
 
+        # the job's processes: Ray's (started by this process), its workers, vLLM's engines
+        store = psutil.Process(server.pid)
+        store_pids = {store.pid, *(p.pid for p in store.children(recursive=True))}
+        job = [p for p in psutil.Process().children(recursive=True) if p.pid not in store_pids]
         ray.shutdown()
+        left = _wait_gone(job, 120)
     for row in result.rows:
         print(f"\nQ: {row['question']}\nA: {row['answer'].strip()}")
     weights_streamed = sum(
@@ -78,17 +123,24 @@ def run_demo(workdir: str | None = None) -> int:
         for u in read
         if (local_model / Path(u).name).exists()
     )
+    # every process of the job has ended: nothing can write after this walk
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    written = weight_files_written(
-        [root, cache, Path(tempfile.gettempdir()), Path("/dev/shm")], job_start
-    )
+    written = weight_files_written([root, cache, Path(tempfile.gettempdir())], job_start)
+    memory = held_in_memory(result.load_reports)
+    where = "the node's copy in /dev/shm" if memory else "none beside the engine's own"
     print(
         f"\nLoad: {result.metadata_files} metadata files ({_mb(result.metadata_bytes)}) fetched; "
-        f"{len(read)} safetensors object(s) ({_mb(weights_streamed)}) read by the engine from the "
-        f"store (its access log); {len(written)} weight files ({_mb(sum(written.values()))}) "
-        f"written to local disk; {len(result.rows)}/{len(QUESTIONS)} rows; first row at "
+        f"{len(read)} safetensors object(s) ({_mb(weights_streamed)}) read from the store (its "
+        f"access log); on local disk: {len(written)} weight files "
+        f"({_mb(sum(written.values()))}, counted after the job's {len(job)} processes "
+        f"ended); in memory during the job: {_mb(memory)} of weights ({where}); "
+        f"{len(result.rows)}/{len(QUESTIONS)} rows; first row at "
         f"{result.first_row_seconds:.1f}s, total {result.total_seconds:.1f}s"
     )
+    for path, size in sorted(written.items()):
+        print(f"  written to disk: {path} ({_mb(size)})")
+    if left:
+        print(f"  still running after the job: {[p.pid for p in left]}")
     if workdir is None:
         shutil.rmtree(root, ignore_errors=True)
-    return 0 if len(result.rows) == len(QUESTIONS) else 1
+    return 0 if len(result.rows) == len(QUESTIONS) and not written and not left else 1
