@@ -193,7 +193,11 @@ class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
     ``resources_per_bundle``, ``accelerator_type``) is never replaced. With the
     CPU build and tensor or pipeline parallelism, the engine's workers run as its
     processes (``distributed_executor_backend='mp'``; the CPU build has no Ray
-    executor) with ``VLLM_CPU_OMP_THREADS_BIND=nobind``, unless you set them.
+    executor), unless you name a backend; on the CPU build every engine runs with
+    ``VLLM_CPU_OMP_THREADS_BIND=nobind`` unless its environment names a binding
+    (several engines share a node: vLLM's ``auto`` pins each to the same cores). The
+    rows wait for the engines a job starts with (Ray Data's ``wait_for_min_actors_s``,
+    up to an hour) unless you set that wait.
 
     ``object_store`` sets the store once: the driver uses it directly, and the
     settings derived from it (endpoint, addressing, credentials, streamer tuning)

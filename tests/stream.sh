@@ -46,14 +46,6 @@ if [ "${1:-}" = "--inside" ]; then  # the namespaces' PID 1: set them up, run th
     mkdir -p "$private"
     mount --bind "$own" "$private"
     export HOME=$private/home TMPDIR=/tmp
-    # vLLM's CPU build pins each engine's worker to the first core and keeps the other for
-    # everything else (VLLM_CPU_OMP_THREADS_BIND=auto): two streams' engines would then
-    # compile and compute on one core while the other idles. Measured here, two compiling
-    # jobs at once took 189-196 s each with that binding (compile 57 s; 93.5 s alone,
-    # compile 19.8 s) and 145-150 s without (compile 27.5 s): streams share the machine
-    # as two machines would, each engine unpinned (ray_stream_llm.tools.isolated passes
-    # the variable on to the jobs it isolates)
-    export VLLM_CPU_OMP_THREADS_BIND=nobind
     cd "$root"
     "$@" &
     child=$!

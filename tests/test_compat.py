@@ -122,9 +122,8 @@ GRAPHS = {
     "default": {},
     "accelerator": {"accelerator_type": "L40S", "concurrency": 2},
     "tensor-parallel": {
-        # backend and thread binding named: the CPU build's defaults for them stay out
+        # the backend named: the CPU build's default for it stays out
         "engine_kwargs": {"tensor_parallel_size": 2, "distributed_executor_backend": "ray"},
-        "runtime_env": {"env_vars": {"VLLM_CPU_OMP_THREADS_BIND": "auto"}},
         "batch_size": 16,
     },
     "streaming-format-local-dir": {"engine_kwargs": {"load_format": "runai_streamer"}},
@@ -155,31 +154,27 @@ def test_on_a_small_cpu_cluster_the_defaults_make_it_schedulable(small_cluster, 
     assert cpu_stages and set(cpu_stages) == {0.25}
 
 
-def test_tensor_parallel_on_vllms_cpu_build_runs_its_workers_as_processes(
-    small_cluster, model_dir, monkeypatch
-):
-    """vLLM's CPU build has no Ray executor (which Ray picks for TP > 1) and binds each
-    worker to a NUMA node of its own: a TP=2 engine gets the 'mp' backend and unbound
-    threads, unless the config says otherwise."""
-    from ray_stream_llm.integrations.ray.compat import vllm_is_cpu_build
+def test_tensor_parallel_on_vllms_cpu_build_runs_its_workers_as_processes(small_cluster, model_dir):
+    """vLLM's CPU build has no Ray executor (which Ray picks for TP > 1): a TP=2 engine
+    gets the 'mp' backend, unless the config names one. The thread binding is no stage
+    setting: the engine actor decides it (tests/test_cpu.py), so the stage's runtime_env
+    is Ray's."""
+    from ray_stream_llm.integrations.vllm import cpu
 
-    assert vllm_is_cpu_build()
-    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    assert cpu.is_cpu_build()
     _, _, processor = _build_both(model_dir, engine_kwargs={"tensor_parallel_size": 2})
     [engine] = [s for s in processor.stages.values() if "vLLMEngineStage" in type(s).__name__]
     assert engine.fn_constructor_kwargs["engine_kwargs"]["distributed_executor_backend"] == "mp"
-    env = engine.map_batches_kwargs["runtime_env"]["env_vars"]
-    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    assert not any(
+        name.startswith("VLLM_CPU_")
+        for name in (engine.map_batches_kwargs.get("runtime_env") or {}).get("env_vars") or {}
+    )
     _, _, processor = _build_both(
         model_dir,
         engine_kwargs={"tensor_parallel_size": 2, "distributed_executor_backend": "ray"},
-        runtime_env={"env_vars": {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}},
     )
     [engine] = [s for s in processor.stages.values() if "vLLMEngineStage" in type(s).__name__]
     assert engine.fn_constructor_kwargs["engine_kwargs"]["distributed_executor_backend"] == "ray"
-    assert (
-        engine.map_batches_kwargs["runtime_env"]["env_vars"]["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
-    )
 
 
 def test_an_accelerator_request_is_never_dropped(small_cluster, model_dir):

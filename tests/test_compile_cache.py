@@ -72,9 +72,6 @@ def test_engines_compile_once_per_node_and_another_node_loads_it_from_the_store(
         max_tokens=4,
         engine_kwargs={"enforce_eager": False},  # vLLM's default: compile
         config={"weight_sharing": "off", "compile_cache_uri": cache_uri},
-        # every engine ready before the rows flow, so that each reports (the subject
-        # here is the compile, not a user's scaling)
-        env={"RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S": "900"},
         nodes=[node("a", 6, 2), node("b", 4, 1)],  # room for the CPU stages too
         runs=[on("a", 2), on("b", 1)],
     )

@@ -203,7 +203,6 @@ def gpu_node(monkeypatch):
         pod = CgroupLevel(path="/sys/fs/cgroup", version=2, limit=s["limit"], usage=in_use)
         view = MemoryView(host_available=2048 * GiB, binding=pod)  # an 8-GPU host: 2 TiB
         shm = Tmpfs("/dev/shm", free=s["dshm"] - s["object_store"], size=s["dshm"])
-        monkeypatch.setattr(memory, "cpu_kv_cache_pending", lambda: False)
         monkeypatch.setattr(memory, "memory_view", lambda levels=None: view)
         monkeypatch.setattr(memory, "tmpfs_at", lambda base: shm)
         monkeypatch.setattr(memory, "regions_under", lambda base, exclude=None: Regions())

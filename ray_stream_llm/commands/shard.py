@@ -70,8 +70,7 @@ STAGE_PREFIX = "rsl-shard-"
 # than the source's bytes means the save lost weights.
 MIN_SAVED_SHARE = 0.5
 SHARDED_LOAD_FORMAT = "runai_streamer_sharded"
-# Engine settings of the writing engine: it serves nothing, so a small KV cache.
-CPU_WRITER_KWARGS: dict[str, Any] = {"kv_cache_memory_bytes": 256 << 20}
+# Engine settings of the writing engine (vLLM's CPU build adds its own: cpu.WRITER_KWARGS).
 WRITER_KWARGS: dict[str, Any] = {"enforce_eager": True, "max_num_seqs": 1, "seed": 0}
 
 
@@ -497,12 +496,11 @@ def _upload_once(
 def _writer_kwargs(
     meta_dir: Path, source: ModelURI, tp: int, engine_kwargs: dict[str, Any] | None
 ) -> dict[str, Any]:
-    from ray_stream_llm.integrations.ray.compat import vllm_is_cpu_build
+    from ray_stream_llm.integrations.vllm import cpu
 
-    cpu = vllm_is_cpu_build()
     kwargs: dict[str, Any] = {
         **WRITER_KWARGS,
-        **(CPU_WRITER_KWARGS if cpu else {}),
+        **(cpu.WRITER_KWARGS if cpu.is_cpu_build() else {}),
         **(engine_kwargs or {}),
         "model": str(meta_dir),
         "model_weights": str(source),
@@ -532,14 +530,12 @@ def _writer_env(object_store: ObjectStoreConfig | None, tp: int) -> Iterator[Non
     """The process environment the writing engine needs (the store's settings, Ray and
     vLLM kept on loopback), restored after."""
     from ray_stream_llm.commands import LOCAL_ENV
-    from ray_stream_llm.integrations.ray.compat import vllm_is_cpu_build
     from ray_stream_llm.integrations.ray.runtime_env import scoped_env
+    from ray_stream_llm.integrations.vllm import cpu
 
     env = {**derive_settings(object_store).env}
-    if vllm_is_cpu_build() and tp > 1:
-        # vLLM's CPU build binds each rank's OpenMP threads to a NUMA node of its own by
-        # default, and refuses TP > NUMA nodes; the ranks then share the cores.
-        env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    if cpu.is_cpu_build():  # TP > 1: the ranks unpinned
+        env.update(cpu.writer_env(tp))
     # LOCAL_ENV only where the process has not set it; both restored after
     local = {k: v for k, v in LOCAL_ENV.items() if k not in os.environ}
     with scoped_env({**local, **env}):

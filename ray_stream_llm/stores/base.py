@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +25,34 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 TIMEOUT_ENV = "RAY_STREAM_LLM_STORE_TIMEOUT_S"
-DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_TIMEOUT_S = 30.0  # the driver's preflight: it fails fast, before any actor starts
+# Inside the job's actors (a node's metadata fetch, its shared pull's budget, the compile
+# cache's calls): part of an engine start that takes minutes, beside engines compiling on
+# the node's cores, which can keep a process off the CPU for tens of seconds (seen: every
+# node of a three-node job over 30 s while a second job started three engines)
+NODE_TIMEOUT_S = 300.0
+
+
+def default_budget() -> float:
+    """The store budget where the caller names none: the user's (``timeout_s``, delivered
+    to every process as ``RAY_STREAM_LLM_STORE_TIMEOUT_S``), else :data:`NODE_TIMEOUT_S`
+    in a Ray worker (a stage or engine actor) and :data:`DEFAULT_TIMEOUT_S` elsewhere."""
+    chosen = os.environ.get(TIMEOUT_ENV)
+    if chosen:
+        return float(chosen)
+    return NODE_TIMEOUT_S if _in_ray_worker() else DEFAULT_TIMEOUT_S
+
+
+def _in_ray_worker() -> bool:
+    """Whether this process is a Ray worker (never imports Ray: a process that has not
+    imported it is none)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return False
+    try:
+        return bool(ray.get_runtime_context().worker.mode == ray.WORKER_MODE)
+    except Exception:  # an older or partial Ray: the driver's default
+        return False
 
 # Each backend's own client object (boto3 S3 client, google.cloud.storage.Client,
 # azure BlobServiceClient); opaque to everything but the backend that made it.
@@ -183,7 +211,7 @@ class StoreDeadline:
 
     def __init__(self, total: float | None = None):
         if total is None:
-            total = float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT_S)
+            total = default_budget()
         self.total = total
         self._end = time.monotonic() + total
 

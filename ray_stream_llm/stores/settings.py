@@ -102,7 +102,8 @@ class ObjectStoreConfig(BaseModel):
         le=3600,
         description="Seconds the driver's preflight, and each node's metadata fetch, may spend "
         "on store calls in all (connect and read timeouts and retries inside it) before a "
-        "StoreTimeoutError.",
+        "StoreTimeoutError. Unset: 30 s on the driver and 300 s in the job's actors (their "
+        "calls run beside engines compiling on the node).",
     )
     streamer_concurrency: int | None = Field(
         default=None,

@@ -28,12 +28,6 @@ def private_dirs(work: Path) -> dict[str, str]:
     return {name: str(path) for name, path in dirs.items()}
 
 
-# How this machine is shared, passed on to the isolated processes: tests/stream.sh sets it
-# when two test streams run side by side (vLLM's CPU build would pin both streams' engines
-# to the same core).
-MACHINE_ENV = ("VLLM_CPU_OMP_THREADS_BIND",)
-
-
 def isolated_env(work: Path, extra: Mapping[str, str | None] | None = None) -> dict[str, str]:
     """A process environment whose user-level paths are all under ``work`` (created):
     ``home``, ``tmp``, ``rpc`` and ``inductor``; ``extra`` is added last (a value of
@@ -46,7 +40,6 @@ def isolated_env(work: Path, extra: Mapping[str, str | None] | None = None) -> d
         "LANG": "C.UTF-8",
         "HOME": str(home),
         "TMPDIR": str(tmp),
-        **{name: os.environ[name] for name in MACHINE_ENV if name in os.environ},
         **LOCAL_ENV,
         **private_dirs(work),
         **(extra or {}),

@@ -279,20 +279,6 @@ def tmpfs_at(base: Path) -> Tmpfs:
     return Tmpfs(str(probe), stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize)
 
 
-def cpu_kv_cache_pending() -> bool:
-    """Whether an engine of this node will take its CPU KV cache from the node's memory
-    as this library sizes it (vLLM's CPU build, VLLM_CPU_KVCACHE_SPACE unset)."""
-    if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-        return False
-    import importlib.metadata
-
-    try:  # as compat.vllm_is_cpu_build, without importing Ray's stages (and torch)
-        importlib.metadata.distribution("vllm-cpu")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
-
-
 def kv_cache_default_bytes(available: int, usable: int | None = None) -> int:
     """The CPU KV cache this library gives an engine: a share of ``available``, clamped,
     and never more than ``usable`` (:func:`kv_cache_usable_bytes`; whole MiB, rounded up,

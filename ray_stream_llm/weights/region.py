@@ -82,6 +82,8 @@ class Sharing:
     pull_timeout_s: float | None = None  # the store's budget per call (None: the default)
     keep_warm_s: float = 0.0  # how long a complete region outlives its last engine
     peers: int = 0  # nodes a node serves at once (weights/peers.py); 0: each reads the store
+    # engines whose KV cache still comes out of the node's memory (vLLM's CPU build: one)
+    kv_cache_engines: int = 0
 
     def node_can_host_an_engine(self) -> bool:
         """Whether this node has the resources one engine asks for (a CPU-only node of a
@@ -201,17 +203,19 @@ def _locked(region: Path) -> Iterator[None]:
             os.close(fd)  # releases the lock
 
 
-def memory_problem(base: Path, weight_bytes: int, *, region: Path | None = None) -> str | None:
+def memory_problem(
+    base: Path, weight_bytes: int, *, region: Path | None = None, kv_cache_engines: int = 0
+) -> str | None:
     """Why a region of ``weight_bytes`` cannot fit under ``base`` now, or None: the
     cgroup's limits (a container's) and the host's, the tmpfs, the node's other regions
-    (their full size) and, with vLLM's CPU build, one engine's KV cache still to come
-    (:mod:`ray_stream_llm.weights.memory`). ``region``: the region about to be
-    pulled (checked again before each pull starts; its bytes in already count)."""
+    (their full size) and the KV cache of ``kv_cache_engines`` engines still to come (vLLM's
+    CPU build: :attr:`Sharing.kv_cache_engines`) (:mod:`ray_stream_llm.weights.memory`).
+    ``region``: the region about to be pulled (checked again before each pull starts; its
+    bytes in already count)."""
     from ray_stream_llm.weights import memory
 
-    engines = 1 if memory.cpu_kv_cache_pending() else 0
     return memory.memory_problem(
-        base, weight_bytes, region=region, kv_cache_engines=engines, margin=MARGIN
+        base, weight_bytes, region=region, kv_cache_engines=kv_cache_engines, margin=MARGIN
     )
 
 
@@ -261,9 +265,11 @@ class NodeWeights:
         adopted = _adopt_warm(self.region)  # the same weights kept warm by an earlier job
         with _locked(self.region):
             if not (self.region / CREATED).exists():
-                problem = memory_problem(base, self.weight_bytes)
+                kv = self.sharing.kv_cache_engines
+                problem = memory_problem(base, self.weight_bytes, kv_cache_engines=kv)
                 if problem and sweep_regions(base, keep=self.region, warm_too=True):
-                    problem = memory_problem(base, self.weight_bytes)  # warm ones made room
+                    # warm ones made room
+                    problem = memory_problem(base, self.weight_bytes, kv_cache_engines=kv)
                 if problem:
                     shutil.rmtree(self.region, ignore_errors=True)
                     self._cannot(problem)
@@ -274,10 +280,12 @@ class NodeWeights:
                 marker = {
                     "uri": str(self.uri),
                     "objects": [dataclasses.asdict(o) for o in self.objects],
-                    "timeout_s": self.sharing.pull_timeout_s,
+                    # resolved here, in the actor: every waiter's process uses the same
+                    "timeout_s": self.sharing.pull_timeout_s or StoreDeadline().total,
                     "keep_warm_s": self.sharing.keep_warm_s,
                     "required": self.sharing.required,
                     "peers": self.sharing.peers,
+                    "kv_cache_engines": self.sharing.kv_cache_engines,
                 }
                 (self.region / CREATED).write_text(json.dumps(marker))
                 created = True
@@ -482,7 +490,10 @@ def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock_fd:
     pulled = 0
     try:
         if problem := memory_problem(
-            region.parent.parent, sum(o.size for o in objects), region=region
+            region.parent.parent,
+            sum(o.size for o in objects),
+            region=region,
+            kv_cache_engines=_kv_cache_engines(region),
         ):
             message = f"{str(uri)!r} not pulled into {region}: {problem}"
             if not _required(region):  # 'auto': the engines stream from the store instead
@@ -548,6 +559,13 @@ def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock_fd:
         logger.warning("The shared pull of %s failed: %s: %s", uri, type(exc).__name__, exc)
     finally:
         os.close(lock_fd)
+
+
+def _kv_cache_engines(region: Path) -> int:
+    try:
+        return int(_marker(region).get("kv_cache_engines") or 0)
+    except (OSError, ValueError):
+        return 0
 
 
 def _required(region: Path) -> bool:

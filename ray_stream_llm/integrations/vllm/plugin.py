@@ -39,6 +39,7 @@ from typing import Any
 
 from ray_stream_llm.errors import PluginNotActiveError
 from ray_stream_llm.files import write_whole
+from ray_stream_llm.integrations.vllm import cpu
 from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV, tensor_parallel_rank
 from ray_stream_llm.integrations.vllm.shm import remove_orphaned_segments, segments_of
 
@@ -241,38 +242,14 @@ def _record_failures(directory: str) -> None:
 SHARD_WRITER_ENV = "RAY_STREAM_LLM_SHARD_WRITER"  # set by save_sharded_checkpoint
 
 
-def _keep_cpu_linear_weights() -> None:
-    """vLLM's CPU build packs each linear layer's weight for its GEMM kernels after loading
-    and replaces the parameter with an empty tensor (``dispatch_cpu_unquantized_gemm(...,
-    remove_weight=True)``): ``save_sharded_state`` would then save no linear weight at all.
-    In the shard writer's engine the layers keep their weights (plain ``F.linear``; the
-    writer serves nothing), through vLLM's own ``_cpu_skip_gemm_dispatch`` switch."""
-    try:
-        from vllm.model_executor.layers import linear
-        from vllm.platforms import current_platform
-    except ImportError:
-        return
-    method = getattr(linear, "UnquantizedLinearMethod", None)
-    if not current_platform.is_cpu() or method is None or getattr(method, "_rsl_keeps", False):
-        return
-    original = method.process_weights_after_loading
-
-    def process_weights_after_loading(self: Any, layer: Any) -> None:
-        layer._cpu_skip_gemm_dispatch = True
-        original(self, layer)
-
-    method.process_weights_after_loading = process_weights_after_loading
-    method._rsl_keeps = True
-
-
 def register() -> None:
     """Entry point of ``vllm.general_plugins``; vLLM may call it more than once per process.
 
     The streamer is wrapped in every process vLLM runs the plugin in: a read of a shared
     region's file waits for its completion mark wherever the engine came from. Reports
     are written only where an engine actor of this library asked for them."""
-    if os.environ.get(SHARD_WRITER_ENV) == "1":
-        _keep_cpu_linear_weights()
+    if os.environ.get(SHARD_WRITER_ENV) == "1" and cpu.is_cpu_build():
+        cpu.keep_linear_weights()
     directory = os.environ.get(REPORT_DIR_ENV)
     from ray_stream_llm.integrations.vllm import compile_cache  # the AOT load fix; compile figures
 
@@ -311,7 +288,8 @@ def save_sharded_checkpoint(
 
     from vllm import LLM
 
-    before = _cpu_segments()
+    on_cpu = cpu.is_cpu_build()
+    before = cpu.allreduce_segments() if on_cpu else set()
     # the engine's IPC sockets (vLLM leaves them in VLLM_RPC_BASE_PATH, /tmp by default) in
     # a private short directory, removed with the engine
     rpc = tempfile.mkdtemp(prefix="rsl-shard-rpc-", dir="/tmp")
@@ -323,7 +301,8 @@ def save_sharded_checkpoint(
         llm = LLM(**engine_kwargs)
     except BaseException:
         shutil.rmtree(rpc, ignore_errors=True)
-        _remove_unmapped(_cpu_segments() - before)
+        if on_cpu:
+            cpu.remove_unmapped(cpu.allreduce_segments() - before)
         raise
     finally:
         for name, value in previous.items():
@@ -344,40 +323,8 @@ def save_sharded_checkpoint(
         llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
-        _remove_unmapped(_cpu_segments() - before)
+        if on_cpu:
+            cpu.remove_unmapped(cpu.allreduce_segments() - before)
         remove_orphaned_segments(0.0, wait=5.0, only=rings)
         shutil.rmtree(rpc, ignore_errors=True)
     return ready - start, saved - ready
-
-
-_SHM = "/dev/shm"
-
-
-def _cpu_segments() -> set[str]:
-    """The shared-memory files of vLLM's CPU all-reduce (``vllm_dist_<id>-[ranks]-cpushm*``):
-    its workers, stopped by ``shutdown``, leave them behind."""
-    try:
-        return {n for n in os.listdir(_SHM) if n.startswith("vllm_dist_") and "cpushm" in n}
-    except OSError:
-        return set()
-
-
-def _remove_unmapped(names: set[str]) -> None:
-    """Remove those of ``names`` (segments that appeared during this engine's life) that no
-    live process maps any more: never another engine's segment in use."""
-    if not names:
-        return
-    mapped: set[str] = set()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                mapped.update(line.rsplit("/", 1)[-1].strip() for line in f if _SHM in line)
-        except OSError:
-            continue
-    for name in names - mapped:
-        try:
-            os.unlink(os.path.join(_SHM, name))
-        except OSError:
-            pass
