@@ -186,3 +186,32 @@ def test_a_damaged_compile_artifact_on_gs_is_named_and_not_used(
 
     uri = compile_store.unique(f"gs://{BUCKET}/compile-cache/")
     compile_store.damaged_is_named_and_not_used(uri, _store(gcs), tmp_path, caplog)
+
+
+@pytest.mark.parametrize("bad", ["a//b.json", "./tokenizer.json", "a\\b.json"])
+def test_an_unsafe_key_in_the_store_listing_is_refused_by_name(
+    gcs, tiny_layout, no_store_env, tmp_path, bad
+):
+    """The one key-safety rule (ModelURI.safe_relative) applied to what the store lists: an
+    object whose key would be written outside the model directory is refused by
+    inspect_model, named. (The S3 server normalises such keys away or refuses them; GCS
+    keeps them as given.)"""
+    from ray_stream_llm.errors import UnsafeObjectKeyError
+
+    uri = f"gs://{BUCKET}/unsafe/{abs(hash(bad))}/"
+    gcs.upload_dir(tiny_layout("single"), uri)
+    _, _, prefix = uri.removeprefix("gs://").partition("/")
+    gcs.client().bucket(BUCKET).blob(prefix + bad).upload_from_string(b"{}")
+    assert f"{uri}{bad}" in {f"gs://{BUCKET}/{b.name}" for b in gcs.client().list_blobs(BUCKET)}
+    key = repr(f"{prefix}{bad}")
+    with pytest.raises(UnsafeObjectKeyError) as err:
+        inspect_model(uri, object_store=_store(gcs))
+    assert key in str(err.value) and "would be written outside" in str(err.value)
+    # the metadata fetch refuses it by name when it would fetch it (a top-level metadata
+    # file), and otherwise leaves it in the store: either way nothing lands outside dest
+    dest = tmp_path / "out" / "meta"
+    try:
+        fetch_model_metadata(uri, dest, object_store=_store(gcs))
+    except UnsafeObjectKeyError as exc:
+        assert key in str(exc)
+    assert [p for p in (tmp_path / "out").rglob("*") if dest not in (p, *p.parents)] == []

@@ -18,6 +18,7 @@ import psutil
 import pytest
 import torch
 from helpers.s3log import copy_model
+from helpers.waiting import wait_until
 from safetensors.torch import load_file
 
 from ray_stream_llm import stores
@@ -50,13 +51,6 @@ def _slow_link(s3_server, monkeypatch, rate: float) -> Link:
     link = Link(s3_server.port, rate=rate)
     monkeypatch.setenv("AWS_ENDPOINT_URL", link.endpoint_url)
     return link
-
-
-def _wait_until(predicate, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
 
 
 # --- 1. fail closed: a region file is read only once complete, however it is spelled --------
@@ -268,7 +262,37 @@ def _engine_with_worker(worker: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
 
 
-def test_the_janitor_removes_only_segments_the_engines_processes_mapped(tmp_path):
+@pytest.fixture
+def janitor_saw(monkeypatch: pytest.MonkeyPatch) -> set[str]:
+    """The segments the janitor's own polls have recorded so far (its ``_mapped_by``, the
+    real one, seen from the test): the signal that it knows a segment before the engine dies."""
+    saw: set[str] = set()
+    real = shm._mapped_by
+
+    def mapped_by(procs):
+        found = real(procs)
+        saw.update(found)
+        return found
+
+    monkeypatch.setattr(shm, "_mapped_by", mapped_by)
+    return saw
+
+
+@pytest.fixture
+def janitor_checks(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Each answer of the janitor's own check whether the engine's processes still live."""
+    answers: list[bool] = []
+    real = shm._alive
+
+    def alive(members):
+        answers.append(real(members))
+        return answers[-1]
+
+    monkeypatch.setattr(shm, "_alive", alive)
+    return answers
+
+
+def test_the_janitor_removes_only_segments_the_engines_processes_mapped(tmp_path, janitor_saw):
     tag = uuid.uuid4().hex[:8]
     own, foreign = f"psm_rsl{tag}own", f"psm_rsl{tag}other"
     since = time.time() - 1
@@ -283,8 +307,7 @@ def test_the_janitor_removes_only_segments_the_engines_processes_mapped(tmp_path
     try:
         assert child.stdout.readline().strip() == "mapped"
         watcher.start()
-        _wait_until(lambda: own in shm.segments_of(child.pid))
-        time.sleep(0.2)  # the janitor polls
+        wait_until(lambda: own in janitor_saw, 30, "the janitor never saw the segment")
         child.send_signal(signal.SIGKILL)  # the engine dies without unlinking its segment
         child.wait()
         watcher.join(timeout=30)
@@ -298,7 +321,9 @@ def test_the_janitor_removes_only_segments_the_engines_processes_mapped(tmp_path
             Path(f"/dev/shm/{name}").unlink(missing_ok=True)
 
 
-def test_the_janitor_waits_for_workers_that_outlive_the_engine(tmp_path):
+def test_the_janitor_waits_for_workers_that_outlive_the_engine(
+    tmp_path, janitor_saw, janitor_checks
+):
     """vLLM's workers can outlive the actor by seconds on a loaded node (CI saw two
     segments left that way): the janitor waits for every process of the engine's tree, then
     removes what they mapped."""
@@ -310,11 +335,12 @@ def test_the_janitor_waits_for_workers_that_outlive_the_engine(tmp_path):
         word, kid = engine.stdout.readline().split()
         assert word == "mapped"
         watcher.start()
-        _wait_until(lambda: name in shm.segments_of(engine.pid))
-        time.sleep(0.2)  # the janitor polls
+        wait_until(lambda: name in janitor_saw, 30, "the janitor never saw the segment")
         engine.send_signal(signal.SIGKILL)  # the actor dies; its worker lives on, mapping it
         engine.wait()
-        time.sleep(1)
+        # the janitor looked three times more at the worker (alive, mapping it): kept
+        after = len(janitor_checks)
+        wait_until(lambda: len(janitor_checks) >= after + 3, 30, "the janitor stopped looking")
         assert Path(f"/dev/shm/{name}").exists() and watcher.is_alive()  # still mapped: kept
         watcher.join(timeout=30)
         assert not watcher.is_alive()
@@ -325,7 +351,7 @@ def test_the_janitor_waits_for_workers_that_outlive_the_engine(tmp_path):
         Path(f"/dev/shm/{name}").unlink(missing_ok=True)
 
 
-def test_the_janitor_ends_workers_a_killed_engine_left_running(tmp_path):
+def test_the_janitor_ends_workers_a_killed_engine_left_running(tmp_path, janitor_saw):
     """An actor killed outright (Ray's memory monitor sends SIGKILL) leaves vLLM's engine
     core and workers running with nobody to serve, holding memory and segments: after its
     grace the janitor ends them (SIGTERM; SIGKILL for one that ignores it) and removes
@@ -342,8 +368,7 @@ def test_the_janitor_ends_workers_a_killed_engine_left_running(tmp_path):
         word, kid = engine.stdout.readline().split()
         assert word == "mapped"
         watcher.start()
-        _wait_until(lambda: name in shm.segments_of(engine.pid))
-        time.sleep(0.2)  # the janitor polls
+        wait_until(lambda: name in janitor_saw, 30, "the janitor never saw the segment")
         engine.send_signal(signal.SIGKILL)
         engine.wait()
         watcher.join(timeout=30)

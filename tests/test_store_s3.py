@@ -95,7 +95,11 @@ def test_virtual_addressing_against_localhost_fails_as_documented(s3_server, tin
     """Why 'auto' picks path style for localhost: the streamer's default fails there."""
     env = derive_settings(_store(s3_server, "localhost", addressing_style="virtual")).env
     proc = _stream(tiny_models["single"].uri, env, tmp_path)
+    # the streamer itself failed to reach the object (not an import or a usage error): its
+    # C++ reader's answer, relayed by the Python package
     assert proc.returncode != 0
+    assert "Could not receive response from libstreamer" in proc.stderr, proc.stderr[-2000:]
+    assert "File access error" in proc.stderr.splitlines()[-1], proc.stderr[-2000:]
 
 
 @pytest.mark.parametrize(

@@ -243,8 +243,10 @@ def test_unwritable_dest_names_it(s3_env, tiny_models):
     assert "set dest ('/sys/ray-stream-llm-meta')" in str(err.value)
 
 
-def test_inspect_refuses_the_store_listing_of_an_unsafe_key_by_name():
-    """The one key-safety rule applies to the listing too (for stores that keep such keys)."""
+def test_the_key_safety_rule_refuses_each_unsafe_spelling():
+    """The one key-safety rule, for each spelling the S3 server cannot hold (it normalises or
+    refuses them). inspect_model refusing a listing that has one is proved against a store
+    that keeps them: test_an_unsafe_key_in_the_store_listing_is_refused_by_name (test_gcs)."""
     uri = parse_model_uri("s3://models/m/")
     for bad in ("a//b.json", "./config.json", "a\\b.json"):
         with pytest.raises(ValueError, match="would be written outside"):
