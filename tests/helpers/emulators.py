@@ -12,16 +12,21 @@ import json
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from helpers.models import UploadedModel, metadata_files, weight_files
+from helpers.waiting import wait_until
 from ray_stream_llm import fetch_model_metadata, inspect_model
 from ray_stream_llm.stores.settings import ObjectStoreConfig
 from ray_stream_llm.tools.localstore import LocalS3Server, free_ports
@@ -43,15 +48,28 @@ class ObjectRead:
     bytes: int | None = None  # None where the server does not log it
 
 
-def _settled_text(path: Path, quiet: float = 0.2, timeout: float = 10.0) -> str:
-    """``path``'s text once it has stopped growing for ``quiet`` seconds (servers write their
-    access log lines a little after they answer)."""
-    deadline = time.monotonic() + timeout
-    size = -1
-    while (now := path.stat().st_size) != size and time.monotonic() < deadline:
-        size = now
-        time.sleep(quiet)
-    return path.read_text(errors="replace")
+def _logged_through(path: Path, ask: Callable[[str], None], timeout: float = 15.0) -> str:
+    """``path``'s text once every request answered before this call is in it: a barrier as
+    tests/helpers/s3log.py's. A request for a fresh name made now (``ask(name)``, whatever
+    the answer) is logged after everything answered before it, so once its own line is
+    there the earlier ones are too; a log merely quiet for a while proves nothing."""
+    marker = f"log-barrier-{uuid.uuid4().hex}"
+    ask(marker)
+
+    def through() -> str | None:
+        text = path.read_text(errors="replace")
+        return text if marker in text else None
+
+    return wait_until(through, timeout, f"the barrier request {marker} never reached {path}")
+
+
+def _ask(url: str, **kwargs: Any) -> None:
+    """One GET of ``url``, whatever its answer (a 404 is logged like any other)."""
+    try:
+        with urllib.request.urlopen(url, timeout=10, **kwargs):
+            pass
+    except urllib.error.HTTPError:
+        pass
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
@@ -176,7 +194,11 @@ class GCSEmulator(_Server):
     def reads(self) -> list[ObjectRead]:
         """Every object download answered so far, from the access log."""
         found = []
-        for line in _settled_text(self.log_path).splitlines():
+
+        def ask(name: str) -> None:
+            _ask(f"{self.endpoint}/storage/v1/b/{name}")
+
+        for line in _logged_through(self.log_path, ask).splitlines():
             access = _ACCESS.search(line)
             if access is None or access["method"] != "GET":
                 continue
@@ -326,7 +348,12 @@ class Azurite(_Server):
         """Every blob download answered so far; a path-style request is a Python client's, a
         product-style one the streamer's reader."""
         found = []
-        for line in _settled_text(self.log_path).splitlines():
+        context = ssl.create_default_context(cafile=str(self.cert))
+
+        def ask(name: str) -> None:
+            _ask(f"{self.endpoint}/{name}?restype=container", context=context)
+
+        for line in _logged_through(self.log_path, ask).splitlines():
             access = _AZ_ACCESS.search(line)
             if access is None or access["method"] != "GET":
                 continue
