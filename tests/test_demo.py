@@ -20,10 +20,12 @@ pytestmark = [pytest.mark.s3, pytest.mark.e2e, pytest.mark.engine]
 CLI = Path(sys.executable).parent / "ray-stream-llm"
 
 
-def test_make_demo_answers_and_tells_disk_from_memory(tmp_path):
+def test_make_demo_answers_and_tells_disk_from_memory():
+    """What `make demo` runs once its environment is set up, as it runs it (its own working
+    directory under /tmp, removed at the end)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "RUNAI_STREAMER_"))}
     proc = subprocess.run(
-        [str(CLI), "demo", "--workdir", str(tmp_path / "demo")],
+        [str(CLI), "demo"],
         env=env,
         capture_output=True,
         text=True,
