@@ -8,6 +8,7 @@ removed after."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -409,10 +410,15 @@ def test_this_process_cgroup_is_found():
     levels = cgroup_levels()
     if "memory" not in text and not any(line.startswith("0::") for line in text.splitlines()):
         pytest.skip("no memory cgroup here")
-    if levels:
-        own = next(
-            (line.split(":", 2)[2] for line in text.splitlines() if ":memory:" in line), None
-        )
-        if own and own != "/":
-            assert levels[0].path.endswith(own)
+    # found from inside a cgroup namespace too (where /proc/self/cgroup says "/"): the
+    # innermost level is the directory whose cgroup.procs lists this process, each next one
+    # its parent, each level's limit the one its file holds
+    assert levels, text
+    assert str(os.getpid()) in (Path(levels[0].path) / "cgroup.procs").read_text().split()
+    for inner, outer in itertools.pairwise(levels):
+        assert Path(inner.path).parent == Path(outer.path), (inner.path, outer.path)
+    for level in levels:
+        raw = (Path(level.path) / level.limit_file).read_text().strip()
+        expected = None if raw == "max" or int(raw) >= memory.UNLIMITED else int(raw)
+        assert level.limit == expected, (level, raw)
     assert memory.memory_view().available <= psutil.virtual_memory().available
