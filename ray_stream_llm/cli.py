@@ -1,5 +1,5 @@
-"""The ``ray-stream-llm`` console script: inspect, shard, fetch-metadata, run, local-store,
-demo, bench."""
+"""The ``ray-stream-llm`` console script: inspect, shard, fetch-metadata, run, doctor,
+local-store, demo, bench."""
 
 from __future__ import annotations
 
@@ -351,6 +351,61 @@ def run(
         raise click.ClickException(
             f"{result.rows_in - result.rows_out} row(s) missing from the output"
         )
+
+
+@main.command()
+@click.argument("model_uri", required=False)
+@click.option(
+    "--address",
+    default=None,
+    help="The Ray cluster (default: RAY_ADDRESS, else the running one, else a local one "
+    "started and stopped here; 'local' always starts one).",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=1.0),
+    default=60.0,
+    show_default=True,
+    help="Seconds every node has to answer (a node that does not is flagged).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the rows and problems as JSON.")
+@_store_options
+@_one_line_errors
+def doctor(
+    model_uri: str | None,
+    address: str | None,
+    timeout_s: float,
+    as_json: bool,
+    endpoint_url: str | None,
+    region: str | None,
+    anonymous: bool,
+) -> None:
+    """One row per node of the Ray cluster: Ray, vLLM (CPU or CUDA build), torch, streamer
+    and library versions, the vLLM plugin active or why not, /dev/shm free, the memory limit
+    that binds, the CPU instruction set and GPUs; with MODEL_URI, whether each node's region
+    of the weights fits and a 1 MiB read from the store (MB/s). Problems are listed with their
+    fix; exit status 1 when there is one.
+
+    Example: ray-stream-llm doctor s3://models/SmolLM2-135M-Instruct/ --address 127.0.0.1:6379
+    """
+    from ray_stream_llm.commands.doctor import run_doctor
+
+    report = run_doctor(
+        model_uri,
+        object_store=_store(endpoint_url, region, anonymous),
+        address=address,
+        timeout_s=timeout_s,
+    )
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        for line in report.table():
+            click.echo(line)
+        state = f"{len(report.problems)} problem(s)" if report.problems else "no problem"
+        click.echo(f"{len(report.rows)} node(s), {state}, {report.seconds:.1f}s")
+    if report.problems:
+        sys.exit(1)
 
 
 @main.command("local-store")

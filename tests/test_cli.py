@@ -34,7 +34,9 @@ def env(s3_server, tmp_path):
     }
 
 
-@pytest.mark.parametrize("command", ["inspect", "fetch-metadata", "run", "demo", "bench", "shard"])
+@pytest.mark.parametrize(
+    "command", ["inspect", "fetch-metadata", "run", "demo", "bench", "shard", "doctor"]
+)
 def test_help_has_an_example(command, env):
     proc = _cli([command, "--help"], env)
     assert proc.returncode == 0 and "Example: ray-stream-llm " + command in proc.stdout

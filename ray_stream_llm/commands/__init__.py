@@ -1,6 +1,7 @@
 """The library's commands, product like the rest of it: ``run`` (:mod:`.batch`: every row of
-a file answered by a streamed model) and ``shard`` (:mod:`.shard`: a pre-sharded checkpoint
-written to the store). They sit above the integrations, like the CLI that calls them, and
+a file answered by a streamed model), ``shard`` (:mod:`.shard`: a pre-sharded checkpoint
+written to the store) and ``doctor`` (:mod:`.doctor`: what each Ray node has, and its
+problems with their fix). They sit above the integrations, like the CLI that calls them, and
 use no development tool (``ray_stream_llm.tools``)."""
 
 # Settings for a single-machine Ray cluster that stays on loopback and phones no one (the
