@@ -20,10 +20,12 @@ pytestmark = [pytest.mark.s3, pytest.mark.e2e, pytest.mark.engine]
 CLI = Path(sys.executable).parent / "ray-stream-llm"
 
 
-def test_make_demo_answers_and_tells_disk_from_memory():
+def test_make_demo_answers_and_tells_disk_from_memory(tmp_path):
     """What `make demo` runs once its environment is set up, as it runs it (its own working
-    directory under /tmp, removed at the end)."""
+    directory under /tmp, removed at the end); the user's cache (the converted model and its
+    lock file) in the test's temporary directory."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "RUNAI_STREAMER_"))}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
     proc = subprocess.run(
         [str(CLI), "demo"],
         env=env,
@@ -53,3 +55,4 @@ def test_make_demo_answers_and_tells_disk_from_memory():
     assert memory[1] == streamed[1], load
     assert f"{len(QUESTIONS)}/{len(QUESTIONS)} rows" in load, load
     assert "still running after the job" not in out, out[-2000:]
+    print(f"\nmake demo: {load}")
