@@ -8,6 +8,8 @@ so "which weight files appeared on local disk" is answered by walking it (plus
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from helpers.jobs import metric, reads_under, run_isolated
 from helpers.models import is_weight, tensor_bytes
@@ -114,3 +116,31 @@ def test_streamed_hub_mirror_writes_no_bin_pth_gguf(s3_server, tiny_models, work
     assert len(metadata_dirs) == 1
     got = {str(p.relative_to(metadata_dirs[0])) for p in metadata_dirs[0].rglob("*") if p.is_file()}
     assert got - {".ray_stream_llm.json"} == set(model.metadata)
+
+
+def test_rays_own_loader_downloads_every_weight_file_into_the_jobs_home(
+    s3_server, tiny_models, work
+):
+    """The control of the suite's "no weight file on local disk" checks, on this Ray: the same
+    job with Ray's own load format (vLLM's default, not streaming) wrote every weight file
+    of the model to local disk, in the job's HOME, and the engine reported nothing
+    streamed. (On Ray 2.48: tests/test_issue_55574.py; with the 1 GiB model and the
+    figures: `ray-stream-llm bench`, make bench.)"""
+    model = tiny_models["sharded"]
+    before = s3_server.served()
+    out, written, _ = run_isolated(
+        s3_server, work, model.uri, None, ["hello world", "ray data"], max_tokens=4
+    )
+    assert len(out["rows"]) == 2 and all(r["num_generated_tokens"] > 0 for r in out["rows"])
+    # each weight file once, whole, and nowhere but under the job's HOME
+    assert sorted(Path(p).name for p in written) == sorted(model.weights), written
+    assert {Path(p).name: size for p, size in written.items()} == {
+        w: (model.local / w).stat().st_size for w in model.weights
+    }
+    assert all(Path(p).is_relative_to(work / "home") for p in written), written
+    # what the store served: every weight object; what the engine said: nothing streamed
+    reads = reads_under(s3_server, model.uri, before)
+    assert {u.removeprefix(model.uri) for u in reads if is_weight(u)} == set(model.weights)
+    [report] = out["load_reports"]
+    assert report["streamed"] is False and report["model"] == model.uri
+    assert out["shm_left"] == []

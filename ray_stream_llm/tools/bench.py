@@ -259,27 +259,34 @@ def cold_start(
             )
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        if out["rows"] != len(prompts):
-            raise RuntimeError(f"{variant}: {out['rows']} rows out of {len(prompts)}")
-        report = out["load_reports"][0] if out["load_reports"] else {}
-        results[variant] = {
-            "build_seconds": out["build_seconds"],
-            "engine_ready_seconds": report.get("ready_seconds", float("nan")),
-            "first_row_seconds": out["first_row_seconds"],
-            "total_seconds": out["total_seconds"],
-            "disk_bytes_written": out["disk_bytes_written"],
-            "disk_weight_files": out["disk_weight_files"],  # paths under the job's directory
-            "streamed": report.get("streamed"),  # None: no engine of ours reported
-            "rows": out["rows"],
-            "generated_tokens": out["generated_tokens"],
-            "stream_gib_per_s": report.get("gib_per_s") or float("nan"),
-            "metadata_seconds": report.get("metadata_seconds", float("nan")),
-            "weight_seconds": report.get("stream_seconds") or float("nan"),
-            # None (NaN here) when nothing compiled: enforce_eager
-            "compile_seconds": report.get("compile_seconds") or float("nan"),
-            "compile_cache": report.get("compile_cache"),
-        }
+        results[variant] = cold_start_figures(variant, out, len(prompts))
     return results
+
+
+def cold_start_figures(variant: str, out: dict[str, Any], prompts: int) -> dict[str, Any]:
+    """One cold start's figures from its job's output (what ``bench_job`` writes, with the
+    local-disk fields :func:`~ray_stream_llm.tools.bench_job.run_isolated_job` adds): the
+    engine's from its load report, NaN (or None) where the report has none."""
+    if out["rows"] != prompts:
+        raise RuntimeError(f"{variant}: {out['rows']} rows out of {prompts}")
+    report = out["load_reports"][0] if out["load_reports"] else {}
+    return {
+        "build_seconds": out["build_seconds"],
+        "engine_ready_seconds": report.get("ready_seconds", float("nan")),
+        "first_row_seconds": out["first_row_seconds"],
+        "total_seconds": out["total_seconds"],
+        "disk_bytes_written": out["disk_bytes_written"],
+        "disk_weight_files": out["disk_weight_files"],  # paths under the job's directory
+        "streamed": report.get("streamed"),  # None: no engine of ours reported
+        "rows": out["rows"],
+        "generated_tokens": out["generated_tokens"],
+        "stream_gib_per_s": report.get("gib_per_s") or float("nan"),
+        "metadata_seconds": report.get("metadata_seconds", float("nan")),
+        "weight_seconds": report.get("stream_seconds") or float("nan"),
+        # None (NaN here) when nothing compiled: enforce_eager
+        "compile_seconds": report.get("compile_seconds") or float("nan"),
+        "compile_cache": report.get("compile_cache"),
+    }
 
 
 def _weight_objects(model_uri: str) -> list[tuple[str, int]]:
