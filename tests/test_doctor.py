@@ -48,7 +48,14 @@ def cluster(s3_server):
         patch.delenv("VLLM_PLUGINS", raising=False)
         made = Cluster(
             initialize_head=True,
-            head_node_args={"num_cpus": 1, "include_dashboard": False, "env_vars": env},
+            head_node_args={
+                "num_cpus": 1,
+                "include_dashboard": False,
+                "env_vars": env,
+                # a frozen node stays alive in the GCS's eyes for the test's length (by
+                # default missed health checks would mark it dead after about 15 s)
+                "_system_config": {"health_check_failure_threshold": 1000},
+            },
         )
         try:
             made.add_node(num_cpus=1, env_vars=env)

@@ -303,8 +303,8 @@ def run_doctor(
             manifest = inspect_model(model_uri, object_store=object_store, check_headers=False)
             weight_bytes = manifest.weight_bytes
             if not manifest.streamable:
-                fix = f"ray-stream-llm inspect {model_uri} says why"
-                problems.append(Problem("driver", "; ".join(manifest.problems), fix))
+                fix = redact(f"ray-stream-llm inspect {model_uri} says why")
+                problems.append(Problem("driver", redact("; ".join(manifest.problems)), fix))
         except RayStreamLLMError as exc:
             if isinstance(exc, ValueError):  # a bad URI: bad input, before Ray starts
                 raise
