@@ -9,8 +9,11 @@ without an engine.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -19,7 +22,7 @@ import pytest
 from helpers import compile_store
 from helpers.jobs import run_isolated
 
-from ray_stream_llm.integrations.vllm import compile_cache
+from ray_stream_llm.integrations.vllm import compile_cache, compile_target
 
 QUESTIONS = ["hello world", "ray data"]
 
@@ -30,29 +33,40 @@ QUESTIONS = ["hello world", "ray data"]
 def test_engines_compile_once_per_node_and_another_node_loads_it_from_the_store(
     s3_server, tiny_models, work
 ):
-    """Two Ray nodes (``ray.cluster_utils.Cluster``), each with its own vLLM cache, library
-    cache, Inductor cache and TMPDIR, as two machines' disks would be: two engines start
-    together on node A, one compiles, the other waits for its artifact and loads it, and the
-    compiled engine ships the artifact to ``compile_cache_uri``; then the same job's engine
-    on node B, whose cache is empty, fetches it before vLLM starts and loads it. (The same
-    node's second start loading vLLM's local cache is tests/test_readme.py's own-model
-    job.)"""
+    """Three Ray nodes (``ray.cluster_utils.Cluster``). Nodes A and B have each their own
+    vLLM cache, library cache, Inductor cache and TMPDIR, as two machines' disks would be:
+    two engines start together on node A, one compiles, the other waits for its artifact
+    and loads it, and the compiled engine ships the artifact to ``compile_cache_uri``; then
+    the same job's engine on node B, whose cache is empty, fetches it before vLLM starts
+    and loads it. Node C is on node A's host (its disk, vLLM's cache directory included)
+    but its raylet has ``ATEN_CPU_CAPABILITY=avx2``, as an older CPU would (issue 32): its
+    engine loads neither node A's artifact from the shared directory nor the store's, says
+    why, compiles AVX2 code and ships it under its own target. (The same node's second start
+    loading vLLM's local cache is tests/test_readme.py's own-model job.)"""
     model = tiny_models["single"]
     cache_uri = f"s3://models/compile-cache/{uuid.uuid4().hex[:8]}/"
     disks = {name: work / f"node-{name}" for name in ("a", "b")}
     for disk in disks.values():
         for sub in ("inductor", "tmp"):
             (disk / sub).mkdir(parents=True)
+    # an instruction set below this CPU's: AVX2 on an AVX-512 CPU, none on an AVX2 one
+    older = "avx2" if " avx512f" in Path("/proc/cpuinfo").read_text() else "default"
+    older_target = {
+        "avx2": "CPU AVX2, Inductor avx2",
+        "default": "CPU DEFAULT, Inductor INVALID_VEC_ISA",
+    }[older]
+    widest = {"avx2": "zmm", "default": "ymm"}[older]  # registers only the wider ISA has
 
-    def node(name: str, cpus: int, slots: int) -> dict:
+    def node(name: str, cpus: int, slots: int, disk: str, env: dict | None = None) -> dict:
         return {
             "num_cpus": cpus,
             "resources": {f"node_{name}": slots},
             "env_vars": {
-                "VLLM_CACHE_ROOT": str(disks[name] / "vllm"),
-                "RAY_STREAM_LLM_CACHE": str(disks[name] / "ray_stream_llm"),
-                "TORCHINDUCTOR_CACHE_DIR": str(disks[name] / "inductor"),
-                "TMPDIR": str(disks[name] / "tmp"),
+                "VLLM_CACHE_ROOT": str(disks[disk] / "vllm"),
+                "RAY_STREAM_LLM_CACHE": str(disks[disk] / "ray_stream_llm"),
+                "TORCHINDUCTOR_CACHE_DIR": str(disks[disk] / "inductor"),
+                "TMPDIR": str(disks[disk] / "tmp"),
+                **(env or {}),
             },
         }
 
@@ -63,6 +77,7 @@ def test_engines_compile_once_per_node_and_another_node_loads_it_from_the_store(
         }
 
     before = s3_server.served()
+    started = time.monotonic()
     out, _, _ = run_isolated(
         s3_server,
         work,
@@ -72,45 +87,66 @@ def test_engines_compile_once_per_node_and_another_node_loads_it_from_the_store(
         max_tokens=4,
         engine_kwargs={"enforce_eager": False},  # vLLM's default: compile
         config={"weight_sharing": "off", "compile_cache_uri": cache_uri},
-        nodes=[node("a", 6, 2), node("b", 4, 1)],  # room for the CPU stages too
-        runs=[on("a", 2), on("b", 1)],
+        # every engine ready before the rows flow, so that each reports (the subject
+        # here is the compile, not a user's scaling)
+        env={"RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S": "900"},
+        nodes=[
+            node("a", 6, 2, "a"),  # room for the CPU stages too
+            node("b", 4, 1, "b"),
+            node("c", 4, 1, "a", {"ATEN_CPU_CAPABILITY": older}),
+        ],
+        runs=[on("a", 2), on("b", 1), on("c", 1)],
+        timeout=1200,
     )
+    seconds = time.monotonic() - started
     log = (work / "job.log").read_text("utf-8", "replace")
-    (out1, out2) = out["runs"]
-    together, [warm] = out1["load_reports"], out2["load_reports"]
-    # what each node's vLLM cache holds: node B only the artifact it fetched, unpacked whole
+    (out1, out2, out3) = out["runs"]
+    together, [warm], [other] = (o["load_reports"] for o in out["runs"])
+    # what each node's vLLM cache holds: node B only the artifact it fetched, unpacked whole;
+    # node A's disk node A's and node C's
     aot = Path("torch_compile_cache/torch_aot_compile")
-    compiled = [p.name for p in (disks["a"] / "vllm" / aot).iterdir()]
+    compiled = sorted(p.name for p in (disks["a"] / "vllm" / aot).iterdir())
     fetched = [p.name for p in (disks["b"] / "vllm" / aot).iterdir()]
     # vLLM's own record, by where each process's cache is: one engine of node A compiled
-    # and saved the artifact, the other loaded it, and so did node B's engine; nobody
-    # compiled over a failed load
+    # and saved the artifact, the other loaded it, and so did node B's engine; node C's
+    # engine compiled its own (another key: the CPU's ISA is in it) on the same disk and
+    # loaded nothing; nobody compiled over a failed load
     saved = re.findall(r"saved AOT compiled function to (\S+)", log)
     loaded = re.findall(r"Directly load AOT compilation from path (\S+)", log)
-    assert len(saved) == 1 and saved[0].startswith(str(disks["a"])), log[-3000:]
+    assert len(saved) == 2 and all(p.startswith(str(disks["a"])) for p in saved), log[-3000:]
+    first, own = (Path(p).parts[-3] for p in saved)  # .../<hash>/rank_0_0/model
+    assert first != own
     assert sorted(Path(p).relative_to(work).parts[0] for p in loaded) == ["node-a", "node-b"]
+    assert {Path(p).parts[-3] for p in loaded} == {first}
     assert log.count("loaded the compiled artifact another engine of this node made") == 1
     assert "Compiling model again" not in log
-    assert log.count("compile cache: shipped") == log.count("compile cache: fetched") == 1
-    # the load reports say the same, from the engines' processes
+    assert log.count("compile cache: shipped") == 2 and log.count("compile cache: fetched") == 1
+    # the load reports say the same, from the engines' processes; node C's says why
     assert sorted(r["compile_cache"] for r in together) == ["hit", "miss"], together
-    [cold] = [r for r in together if r["compile_cache"] == "miss"]
     assert warm["compile_cache"] == "hit", warm  # (how much faster: bench --suite warm)
-    # through the store: one artifact written (the tar, then its marker), read by the
-    # fresh node, and the only artifact directory it has
+    assert other["compile_cache"].startswith("miss (artifact for CPU "), other
+    assert other["compile_cache"].endswith(f"; this node {older_target})"), other
+    # through the store: node A's artifact written (the tar, then its marker) and read by
+    # node B, then node C's under the same model and another target
     cache = [r for r in s3_server.served()[len(before) :] if r.uri.startswith(cache_uri)]
     puts = list(
         dict.fromkeys(
-            r.uri.rsplit("/", 1)[1] for r in cache if r.method == "PUT" and r.status == 200
+            r.uri.removeprefix(cache_uri) for r in cache if r.method == "PUT" and r.status == 200
         )
     )
-    assert len(puts) == 2 and puts[0].endswith(".tar") and puts[1].endswith(".done"), puts
-    digest = puts[0].removesuffix(".tar")
-    assert compiled == fetched == [digest]
+    names = [p.rsplit("/", 1)[1] for p in puts]
+    assert names == [f"{first}.tar", f"{first}.done", f"{own}.tar", f"{own}.done"], puts
+    models, targets = {p.split("/")[0] for p in puts}, [p.split("/")[1] for p in puts]
+    assert len(models) == 1 and targets[0] == targets[1] != targets[2] == targets[3], puts
+    assert compiled == sorted([first, own]) and fetched == [first]
     assert any(r.method == "GET" and r.uri.endswith(puts[0]) for r in cache)
+    # node C's compiled kernels hold no instruction of node A's wider ISA: the capability
+    # reached the engine's processes, and so would they run on an older CPU
+    wide = {d: _kernels_with(disks["a"] / "vllm" / aot / d, widest) for d in (first, own)}
+    assert wide[first][0] > 0 and wide[own][0] == 0 < wide[own][1], wide
     # the loaded code computes what the compiled code did (greedy decoding)
-    answers = [{r["question"]: r["answer"] for r in o["rows"]} for o in (out1, out2)]
-    assert answers[0] == answers[1] and len(answers[0]) == len(QUESTIONS)
+    answers = [{r["question"]: r["answer"] for r in o["rows"]} for o in (out1, out2, out3)]
+    assert answers[0] == answers[1] and len(answers[0]) == len(answers[2]) == len(QUESTIONS)
     print(
         "\ncompile cache: two engines together "
         + ", ".join(
@@ -119,8 +155,27 @@ def test_engines_compile_once_per_node_and_another_node_loads_it_from_the_store(
             for r in together
         )
         + f"; node B through the store: ready {warm['ready_seconds']:.1f}s, compile "
-        f"{warm['compile_seconds']:.1f}s ({warm['compile_cache']})"
+        f"{warm['compile_seconds']:.1f}s ({warm['compile_cache']}); node C "
+        f"({older}): ready {other['ready_seconds']:.1f}s, compile "
+        f"{other['compile_seconds']:.1f}s ({other['compile_cache']}); kernels with "
+        f"{widest}: {wide}; answers {'the same' if answers[2] == answers[0] else 'differ'}; "
+        f"job {seconds:.0f}s"
     )
+
+
+def _kernels_with(artifact: Path, register: str) -> tuple[int, int]:
+    """How many of an artifact's compiled kernels (Inductor's ``.so`` files, without the
+    probes it builds to test each ISA) use ``register`` (``zmm``: AVX-512), of how many."""
+    found = [0, 0]
+    for kernel in sorted(artifact.rglob("*.so")):
+        code = subprocess.run(
+            ["objdump", "-d", str(kernel)], capture_output=True, text=True, check=True
+        ).stdout
+        if "_chk_kernel" in code:  # cpu_vec_isa's probe of an ISA, not the model's code
+            continue
+        found[0] += f"%{register}" in code
+        found[1] += 1
+    return found[0], found[1]
 
 
 # --- without an engine -------------------------------------------------------------------------
@@ -141,6 +196,10 @@ def test_outcomes_from_the_records():
     assert compile_cache.figures(two)["compile_cache"] == "rank 0: hit; rank 1: miss"
     # nothing compiled (enforce_eager, or the plugin excluded): no figures
     assert compile_cache.figures([]) == {"compile_seconds": None, "compile_cache": None}
+    # why the store had nothing for this node, on a miss only
+    why = "artifact for CPU AVX512; this node CPU AVX2"
+    assert compile_cache.figures(two, why)["compile_cache"] == f"rank 0: hit; rank 1: miss ({why})"
+    assert compile_cache.figures(two[:1], why)["compile_cache"] == "hit"
 
 
 def test_records_written_in_the_directory_are_collected(tmp_path):
@@ -235,9 +294,10 @@ def test_a_shared_region_keys_the_compile_cache_by_its_digest_not_its_node(tiny_
         assert key(regions[0]) == key(regions[1]) != key(regions[2])
         assert config.model_config.model_weights == regions[2]  # left as vLLM had it
         assert compile_cache.stable_key()  # idempotent
+        target = compile_target.key_factor(compile_target.target())
         for weights in ("s3://models/tiny/single/", str(tmp_path / "node-a"), ""):
             config.model_config.model_weights = weights  # not a region: vLLM's own key
-            assert caching.aot_compile_hash_factors(config) == original(config)
+            assert caching.aot_compile_hash_factors(config) == [*original(config), target]
     finally:
         caching.aot_compile_hash_factors = installed
 
@@ -308,7 +368,8 @@ def test_the_same_metadata_under_two_uris_keys_alike(tiny_layout, tmp_path):
         config.model_config.model_weights = uris["bbbb"]
         (dirs["bbbb"] / MARKER).unlink()  # not fetched by the library: vLLM's own key
         config.model_config.model = str(dirs["bbbb"])
-        assert caching.aot_compile_hash_factors(config) == original(config)
+        target = compile_target.key_factor(compile_target.target())
+        assert caching.aot_compile_hash_factors(config) == [*original(config), target]
     finally:
         caching.aot_compile_hash_factors = installed
 
@@ -386,6 +447,90 @@ def test_a_damaged_artifact_is_named_and_not_used(s3_env, s3_server, tmp_path, c
     compile_store.damaged_is_named_and_not_used(
         compile_store.unique("s3://compile-cache/"), None, tmp_path, caplog
     )
+
+
+@pytest.mark.s3
+def test_an_artifact_for_another_cpu_is_never_unpacked_and_the_fetch_says_why(
+    s3_env, s3_server, tmp_path, caplog
+):
+    s3_server.create_bucket("compile-cache")
+    compile_store.other_target_is_never_unpacked(
+        compile_store.unique("s3://compile-cache/"), None, tmp_path, caplog
+    )
+
+
+KEYS_SCRIPT = """
+import json, sys
+from ray_stream_llm.integrations.vllm import compile_store, compile_target
+target = compile_target.target()
+print(json.dumps({
+    "target": target,
+    "store": str(compile_store.cache_key(sys.argv[1])),
+    "local": compile_target.key_factor(target),  # what stable_key adds to vLLM's key
+}))
+"""
+
+
+def _as_fetched(source: Path, dest: Path, uri: str) -> Path:
+    """A copy of a model's metadata files with the marker ``fetch_model_metadata`` writes."""
+    import shutil
+
+    from ray_stream_llm.fetch import MARKER, _crc32
+
+    dest.mkdir()
+    files = {}
+    for path in sorted(p for p in source.iterdir() if p.is_file()):
+        if "safetensors" not in path.name:
+            shutil.copy(path, dest / path.name)
+            size, crc = path.stat().st_size, _crc32(dest / path.name)
+            files[path.name] = {"size": size, "etag": "e", "crc32": crc}
+    (dest / MARKER).write_text(json.dumps({"version": 2, "uri": uri, "files": files}))
+    return dest
+
+
+def test_the_keys_hold_the_cpu_instruction_set_torch_and_inductor_use(tiny_layout, tmp_path):
+    """Issue 32: the same model on nodes whose ``ATEN_CPU_CAPABILITY`` differs (torch and
+    Inductor then emit code for another instruction set, as on an older CPU) gets other
+    keys, vLLM's local one (two Ray nodes of one host share its directory; the factor
+    stable_key adds to it, as the key tests above check) and the store's; nodes whose
+    capability is the same get the same keys. Each node is a fresh interpreter with that
+    environment."""
+    model = _as_fetched(tiny_layout("single"), tmp_path / "model", "s3://models/tiny/")
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    nodes = {"as it is": {}, "avx2": {"ATEN_CPU_CAPABILITY": "avx2"}}
+    nodes |= {"avx512": {"ATEN_CPU_CAPABILITY": "avx512"}}  # this CPU's own, spelled out
+    nodes |= {"default": {"ATEN_CPU_CAPABILITY": "default"}}  # no vector ISA at all
+    logs = {name: tmp_path / f"{name.replace(' ', '-')}.log" for name in nodes}
+    procs = {}
+    for name, extra in nodes.items():  # together; their output in files (no pipe to fill)
+        with open(logs[name], "w") as log:
+            procs[name] = subprocess.Popen(
+                [sys.executable, "-c", KEYS_SCRIPT, str(model)],
+                env={**env, **extra},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+    keys = {}
+    for name, proc in procs.items():
+        assert proc.wait(timeout=600) == 0, logs[name].read_text()[-3000:]
+        [line] = [x for x in logs[name].read_text().splitlines() if x.startswith('{"target"')]
+        keys[name] = json.loads(line)
+    print("\n" + "\n".join(f"{n}: {compile_target.describe(k['target'])}" for n, k in keys.items()))
+    assert keys["avx2"]["target"]["cpu_capability"] == "AVX2"
+    assert keys["avx2"]["target"]["vec_isa"] == "avx2"
+    assert keys["default"]["target"]["vec_isa"] == "INVALID_VEC_ISA"
+    isa = ("cpu_capability", "vec_isa", "vec_isa_flags")
+    pairs = [(a, b) for a in keys for b in keys if a < b]
+    for a, b in pairs:
+        same = [keys[a]["target"][f] for f in isa] == [keys[b]["target"][f] for f in isa]
+        for kind in ("local", "store"):
+            assert (keys[a][kind] == keys[b][kind]) == same, (a, b, kind, keys[a], keys[b])
+    # both answers occur: the check can fail either way
+    assert keys["as it is"]["store"] == keys["avx512"]["store"]  # AVX-512 or AVX2-only CPU
+    assert keys["as it is"]["store"] != keys["default"]["store"]
+    # the store's key: the model's part is the same, the target's differs
+    models = {k["store"].split("/")[0] for k in keys.values()}
+    assert len(models) == 1 and "None" not in models
 
 
 def test_compile_cache_uri_is_checked_on_the_driver():

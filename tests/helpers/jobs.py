@@ -79,12 +79,14 @@ def run_isolated(
     metrics_port: int | None = None,
     nodes: list[dict] | None = None,
     runs: list[dict] | None = None,
+    timeout: float = 600,
 ) -> tuple[dict, dict[str, int], float]:
     """Run the job as a user's script. With ``object_store`` the store settings are given
     only in the config: the driver's environment holds no AWS variable at all. ``nodes``:
     the Ray nodes of a ``ray.cluster_utils.Cluster`` the script starts and joins;
     ``runs``: the job once per entry (config fields over ``config``), each run's result in
-    ``out["runs"]`` (see helpers/e2e_driver.py)."""
+    ``out["runs"]`` (see helpers/e2e_driver.py); ``timeout``: the script's seconds, all runs
+    together."""
     extra = {
         "RAY_STREAM_LLM_ACTOR_LOGS": "1",  # actor logs in the driver's output too
         "RAY_metrics_report_interval_ms": "1000",  # workers push metrics every second
@@ -111,7 +113,7 @@ def run_isolated(
         [sys.executable, str(DRIVER), str(work / "spec.json"), str(work / "out.json")],
         work,
         extra,
-        timeout=600,
+        timeout=timeout,
     )
     if expect_failure:
         assert proc.returncode != 0, "the job was expected to fail"

@@ -93,8 +93,10 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
             engine_kwargs = cpu.kv_cache_default(engine_kwargs, local)
         compile_cache_uri = plan.compile_cache_uri if plan else None
         compile_key = compile_store.cache_key(model) if compile_cache_uri else None
+        why_miss = None  # why the store had nothing for this node (another CPU's code...)
         if compile_cache_uri and compile_key:  # what another node compiled, before vLLM starts
-            compile_store.fetch(compile_cache_uri, compile_key, compile_store.aot_root(), None)
+            root = compile_store.aot_root()
+            why_miss = compile_store.fetch(compile_cache_uri, compile_key, root, None).why_not
         attempts = 1 + max(0, plan.load_retries if plan else 0)
         for attempt in range(1, attempts + 1):
             if self._weights is not None:  # vLLM then skips its own pull and streams these
@@ -131,7 +133,7 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
                 )
                 time.sleep(delay)
                 continue
-            compiled = figures(records)  # vLLM's compile phase, as its processes saw it
+            compiled = figures(records, why_miss)  # vLLM's compile phase, as its processes saw it
             publish(
                 build_report(
                     model=uri_text,

@@ -24,7 +24,11 @@ vLLM that checks first, or a torch that has one, it changes nothing).
 node's shared region has the region's path, which holds the Ray node's ID, as
 ``model_weights``, and every engine has this library's metadata directory, named after the
 model's URI, as ``model``. :func:`stable_key` keys them by the region's digest and the
-metadata's contents instead.
+metadata's contents instead, and adds what the code is compiled for
+(:mod:`~ray_stream_llm.integrations.vllm.compile_target`: the CPU's instruction set as torch
+and Inductor use it, the accelerator's compute capability), which vLLM's key lacks: two
+Ray nodes of one host share vLLM's cache directory, and one whose CPU (or
+``ATEN_CPU_CAPABILITY``) differs must not load the other's code.
 
 **The measurement.** In the engine's processes (``RAY_STREAM_LLM_LOAD_REPORT_DIR`` set
 by the engine actor), :func:`measure` times each of vLLM's own
@@ -170,8 +174,13 @@ def stable_key() -> bool:
     code, and the config that does stays in the key. A region under a model directory the
     library did not fetch keys by :func:`region_identity`. (The weights' values are not in
     vLLM's key either: a model replaced at its path loads the artifact compiled before;
-    Inductor's code takes them as inputs.) Whether it is in place."""
+    Inductor's code takes them as inputs.) Every key, vLLM's own included, gets one more
+    factor: what this process compiles for (``compile_target.target()``: the CPU's
+    instruction set as torch and Inductor use it, the accelerator's compute capability,
+    the torch and vLLM versions), which vLLM does not hash. Whether it is in place."""
     from vllm.compilation import caching
+
+    from ray_stream_llm.integrations.vllm.compile_target import key_factor, target
 
     original = getattr(caching, "aot_compile_hash_factors", None)
     if original is None:
@@ -179,7 +188,7 @@ def stable_key() -> bool:
     if getattr(original, _KEYED, False):
         return True
 
-    def aot_compile_hash_factors(vllm_config: Any) -> list[str]:
+    def stable(vllm_config: Any) -> list[str]:
         model_config = getattr(vllm_config, "model_config", None)
         if model_config is None:
             return list(original(vllm_config))
@@ -204,6 +213,9 @@ def stable_key() -> bool:
         finally:
             for name in found:
                 setattr(model_config, name, saved[name])
+
+    def aot_compile_hash_factors(vllm_config: Any) -> list[str]:
+        return [*stable(vllm_config), key_factor(target())]
 
     setattr(aot_compile_hash_factors, _KEYED, True)
     aot_compile_hash_factors.__wrapped__ = original  # type: ignore[attr-defined]
@@ -470,16 +482,19 @@ def outcome(record: dict[str, Any]) -> str:
     return "miss"
 
 
-def figures(records: list[dict[str, Any]]) -> dict[str, Any]:
+def figures(records: list[dict[str, Any]], why_miss: str | None = None) -> dict[str, Any]:
     """The load report's compile figures for one engine: ``compile_seconds`` (the slowest
     rank's seconds in vLLM's compile blocks) and ``compile_cache`` (the ranks' outcome, or
-    each rank's when they differ); both None when nothing compiled (``enforce_eager``, or
-    this library's plugin not loaded)."""
+    each rank's when they differ; a ``miss`` says ``why_miss`` when the actor knows why
+    it had no artifact: ``miss (artifact for CPU AVX512...; this node CPU AVX2...)``); both
+    None when nothing compiled (``enforce_eager``, or this library's plugin not loaded)."""
     measured = [r for r in records if r.get("blocks")]
     if not measured:
         return {"compile_seconds": None, "compile_cache": None}
     measured.sort(key=lambda r: (r.get("rank") or 0, r.get("pid") or 0))
     outcomes = [outcome(r) for r in measured]
+    if why_miss:
+        outcomes = [f"miss ({why_miss})" if o == "miss" else o for o in outcomes]
     cache = outcomes[0]
     if len(set(outcomes)) > 1:
         cache = "; ".join(

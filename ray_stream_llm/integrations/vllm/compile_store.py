@@ -4,28 +4,35 @@ fresh node loads the code another node compiled instead of compiling again.
 Layout under ``compile_cache_uri`` (an ``s3://``, ``gs://`` or ``az://`` prefix, reached
 with the job's store settings, through the store backends' ``write``)::
 
-    <key>/<hash>.tar    vLLM's artifact directory torch_aot_compile/<hash>/, as a tar
-    <key>/<hash>.done   {"size", "sha256"} of the tar, written last
+    <model>/<target>/<hash>.tar    vLLM's artifact directory torch_aot_compile/<hash>/, a tar
+    <model>/<target>/<hash>.done   {"size", "sha256", "target"} of the tar, written last
 
-``<key>`` (:func:`cache_key`) names what the compiled code depends on besides vLLM's own
-key: the model's metadata as fetched (config, tokenizer...: its names, sizes and CRC32s),
-the vLLM and torch versions and the device kind. ``<hash>`` is vLLM's own key
-(``aot_compile_hash_factors``, made location-free by
-:mod:`~ray_stream_llm.integrations.vllm.compile_cache`), so an artifact is only ever loaded by
-an engine whose config vLLM would have keyed alike.
+``<model>`` names the model's metadata as fetched (config, tokenizer...: its files' names,
+sizes and CRC32s); ``<target>`` what the code was compiled for
+(:mod:`~ray_stream_llm.integrations.vllm.compile_target`: the CPU's instruction set as
+torch and Inductor use it, the accelerator's compute capability, the torch and vLLM
+versions), which the marker also records in full; together they are the key
+(:func:`cache_key`). ``<hash>`` is vLLM's own key (``aot_compile_hash_factors``, made
+location-free and target-bound by :mod:`~ray_stream_llm.integrations.vllm.compile_cache`),
+so an artifact is only ever loaded by an engine whose config vLLM would have keyed alike.
 
 Before vLLM starts, the engine actor fetches every complete artifact of its key that the
-node does not hold (:func:`fetch`): the tar is checked against its marker, unpacked
-(``tarfile``'s ``data`` filter: no path leaves the directory) into a staging directory and
-renamed into place; a directory already there (vLLM's own) is never touched. Once the
-engine is ready, an engine that compiled ships its artifact (:func:`ship`) unless the
-store has one for that hash already: the tar first, the marker last, so a reader never sees
-half an artifact and a good artifact is never replaced. Nothing here fails an engine: a
-damaged, incompatible or missing artifact gets one warning naming it, and vLLM compiles.
+node does not hold (:func:`fetch`): the marker's target is compared with the node's (an
+artifact of another target, or of none, is never unpacked, whatever directory it is in),
+the tar is checked against the marker, unpacked (``tarfile``'s ``data`` filter: no path
+leaves the directory) into a staging directory and renamed into place; a directory
+already there (vLLM's own) is never touched. When the store has artifacts of the model only
+for other targets, the fetch says why none is used (the load report's ``compile_cache``:
+``miss (artifact for CPU AVX512...; this node CPU AVX2...)``). Once the engine is ready, an
+engine that compiled ships its artifact (:func:`ship`) unless the store has one for that
+hash already: the tar first, the marker last, so a reader never sees half an artifact and
+a good artifact is never replaced. Nothing here fails an engine: a damaged, incompatible or
+missing artifact gets one warning naming it, and vLLM compiles.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -47,21 +54,63 @@ AOT_SUBDIR = os.path.join("torch_compile_cache", "torch_aot_compile")
 TAR, DONE = ".tar", ".done"
 
 
-def cache_key(metadata_dir: str) -> str | None:
-    """What the compiled code depends on besides vLLM's own key, for one engine: the model's
-    fetched metadata, vLLM's and torch's versions, the device kind. None when the model's
-    metadata was not fetched by this library (nothing to key it by)."""
-    import torch
-    import vllm
+@dataclasses.dataclass(frozen=True)
+class CacheKey:
+    """Where an engine's artifacts are in the store: ``<model>/<target digest>/``."""
 
+    model: str  # the model's metadata as fetched, hashed
+    target: dict[str, str | None] = dataclasses.field(hash=False)  # compile_target.target()
+
+    @property
+    def target_dir(self) -> str:
+        from ray_stream_llm.integrations.vllm.compile_target import digest
+
+        return digest(self.target)
+
+    def __str__(self) -> str:
+        return f"{self.model}/{self.target_dir}"
+
+
+def cache_key(metadata_dir: str) -> CacheKey | None:
+    """What the compiled code depends on besides vLLM's own key, for one engine: the model's
+    fetched metadata and what this node compiles for (its CPU's instruction set as torch and
+    Inductor use it, its accelerator, torch's and vLLM's versions). None when the model's
+    metadata was not fetched by this library (nothing to key it by), or when part of the
+    target could not be read (nothing to vouch for the code by: vLLM compiles, as without
+    ``compile_cache_uri``)."""
+    from ray_stream_llm.integrations.vllm import compile_target
     from ray_stream_llm.integrations.vllm.compile_cache import metadata_identity
 
     identity = metadata_identity(metadata_dir)
     if identity is None:
         return None
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    parts = [identity, f"vllm {vllm.__version__}", f"torch {torch.__version__}", device]
-    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
+    built_for = compile_target.target()
+    missing = compile_target.unknown(built_for)
+    if missing:
+        logger.warning(
+            "compile cache not shared: this node's %s could not be read; vLLM compiles",
+            ", ".join(missing),
+        )
+        return None
+    model = hashlib.sha256(json.dumps([identity]).encode()).hexdigest()[:32]
+    return CacheKey(model, built_for)
+
+
+@dataclasses.dataclass
+class Fetched:
+    """What :func:`fetch` did: the artifacts it unpacked, and why the store's artifacts of
+    this model were not used (another target's, a damaged one...)."""
+
+    hashes: list[str] = dataclasses.field(default_factory=list)
+    refused: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def why_not(self) -> str | None:
+        """Why nothing was fetched, when the store had artifacts of this model; else None."""
+        if self.hashes or not self.refused:
+            return None
+        more = len(self.refused) - 1
+        return self.refused[0] + (f" (and {more} more not used)" if more else "")
 
 
 def aot_root() -> Path:
@@ -107,7 +156,7 @@ class _Prefix:
 
     def put_json(self, name: str, value: dict[str, Any]) -> None:
         with tempfile.TemporaryDirectory(prefix="rsl-compile-") as tmp:
-            local = Path(tmp) / name
+            local = Path(tmp) / os.path.basename(name)
             local.write_text(json.dumps(value, sort_keys=True))
             self.put(local, name)
 
@@ -117,46 +166,86 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def fetch(uri: str, key: str, root: Path, store: ObjectStoreConfig | None) -> list[str]:
+class _OtherTarget(ValueError):
+    """The artifact was compiled for another target than this node's."""
+
+
+def fetch(uri: str, key: CacheKey, root: Path, store: ObjectStoreConfig | None) -> Fetched:
     """Every complete artifact under ``<uri>/<key>/`` that ``root`` (vLLM's AOT directory)
-    lacks, unpacked there; the hashes fetched. Never raises: a store or artifact problem
-    is one warning, and vLLM compiles."""
-    fetched: list[str] = []
+    lacks and whose marker records this node's target, unpacked there; when there is none,
+    why the model's other artifacts (other targets') were not used. Never raises: a store or
+    artifact problem is one warning, and vLLM compiles."""
+    result = Fetched()
     try:
-        prefix = _Prefix(uri, key, store)
+        prefix = _Prefix(uri, key.model, store)  # the model's artifacts, every target's
         names = prefix.names()
     except Exception as exc:  # the store: vLLM compiles
         logger.warning("compile cache %s not read (%s); vLLM compiles", uri, _why(exc))
-        return fetched
-    for marker in sorted(n for n in names if n.endswith(DONE) and "/" not in n):
-        digest = marker[: -len(DONE)]
-        target = root / digest
-        if target.exists() or not digest.isalnum():
-            continue  # the node has it (vLLM's own directory is never touched)
+        return result
+    markers = sorted(n for n in names if n.endswith(DONE) and n.count("/") == 1)
+    mine = key.target_dir + "/"
+    held = False
+    for marker in (m for m in markers if m.startswith(mine)):
+        digest = marker[len(mine) : -len(DONE)]
+        dest = root / digest
+        if dest.exists():
+            held = True  # the node has it (vLLM's own directory is never touched)
+            continue
+        if not digest.isalnum():
+            continue
         try:
-            _unpack(prefix, digest, names, target)
-            fetched.append(digest)
+            _unpack(prefix, key, mine + digest, names, dest)
+            result.hashes.append(digest)
         except Exception as exc:
+            why = str(exc) if isinstance(exc, _OtherTarget) else _why(exc)
+            result.refused.append(f"{digest + TAR}: {why}")
             logger.warning(
                 "compile cache artifact %s%s not used (%s); vLLM compiles",
                 prefix.uri,
-                digest + TAR,
-                _why(exc),
+                mine + digest + TAR,
+                why,
             )
-    if fetched:
-        logger.info("compile cache: fetched %s from %s", fetched, prefix.uri)
-    return fetched
+    if not (result.hashes or result.refused or held):  # none for this target: what is there?
+        result.refused = _other_targets(prefix, key, markers)
+    if result.hashes:
+        logger.info("compile cache: fetched %s from %s%s", result.hashes, prefix.uri, mine)
+    elif result.why_not:
+        logger.info("compile cache: nothing fetched from %s: %s", prefix.uri, result.why_not)
+    return result
 
 
-def _unpack(prefix: _Prefix, digest: str, names: dict[str, int], target: Path) -> None:
-    want = prefix.get_json(digest + DONE)
-    if names.get(digest + TAR) != want.get("size"):
-        raise ValueError(f"the tar's size is {names.get(digest + TAR)}, its marker says {want}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{digest}.rsl-", dir=target.parent))
+def _other_targets(prefix: _Prefix, key: CacheKey, markers: list[str], most: int = 3) -> list[str]:
+    """Why the artifacts of other targets (at most ``most`` markers read) do not serve this
+    node: ``artifact for CPU AVX512...; this node CPU AVX2...``."""
+    from ray_stream_llm.integrations.vllm.compile_target import mismatch
+
+    reasons: list[str] = []
+    for marker in [m for m in markers if not m.startswith(key.target_dir + "/")][:most]:
+        try:
+            why = mismatch(prefix.get_json(marker).get("target"), key.target)
+        except Exception as exc:
+            logger.debug("compile cache marker %s not read (%s)", marker, _why(exc))
+            continue
+        if why is not None and why not in reasons:
+            reasons.append(why)
+    return reasons
+
+
+def _unpack(prefix: _Prefix, key: CacheKey, name: str, names: dict[str, int], dest: Path) -> None:
+    from ray_stream_llm.integrations.vllm.compile_target import mismatch
+
+    want = prefix.get_json(name + DONE)
+    other = mismatch(want.get("target"), key.target)
+    if other is not None:  # an artifact moved under this key, or of an earlier library
+        raise _OtherTarget(other)
+    if names.get(name + TAR) != want.get("size"):
+        raise ValueError(f"the tar's size is {names.get(name + TAR)}, its marker says {want}")
+    digest = dest.name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{digest}.rsl-", dir=dest.parent))
     try:
         tar_path = staging / "artifact.tar"
-        prefix.get(digest + TAR, tar_path)
+        prefix.get(name + TAR, tar_path)
         if _sha256(tar_path) != want.get("sha256"):
             raise ValueError("the tar's SHA-256 differs from its marker's")
         with tarfile.open(tar_path) as tar:
@@ -165,34 +254,39 @@ def _unpack(prefix: _Prefix, digest: str, names: dict[str, int], target: Path) -
         if not unpacked.is_dir():
             raise ValueError(f"the tar holds no directory {digest!r}")
         try:
-            os.rename(unpacked, target)
+            os.rename(unpacked, dest)
         except OSError:
-            if not target.exists():  # another engine of the node unpacked it first: fine
+            if not dest.exists():  # another engine of the node unpacked it first: fine
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def ship(uri: str, key: str, artifact_dir: Path, store: ObjectStoreConfig | None) -> bool:
+def ship(uri: str, key: CacheKey, artifact_dir: Path, store: ObjectStoreConfig | None) -> bool:
     """Upload ``artifact_dir`` (``torch_aot_compile/<hash>``, which this engine compiled)
     under ``<uri>/<key>/`` unless the store holds a complete one for that hash: the tar,
-    then its marker. Whether it was uploaded. Never raises."""
-    digest = artifact_dir.name
+    then its marker, which records the key's target. Whether it was uploaded. Never
+    raises."""
+    name = f"{key.target_dir}/{artifact_dir.name}"
     try:
-        prefix = _Prefix(uri, key, store)
-        if digest + DONE in prefix.names():
+        prefix = _Prefix(uri, key.model, store)
+        if name + DONE in prefix.names():
             return False  # a complete artifact is never replaced
         with tempfile.TemporaryDirectory(prefix="rsl-compile-") as tmp:
-            tar_path = Path(tmp) / (digest + TAR)
+            tar_path = Path(tmp) / (artifact_dir.name + TAR)
             with tarfile.open(tar_path, "w") as tar:
-                tar.add(artifact_dir, arcname=digest, filter=_skip_temporary)
-            marker = {"size": tar_path.stat().st_size, "sha256": _sha256(tar_path)}
-            prefix.put(tar_path, digest + TAR)
-            prefix.put_json(digest + DONE, marker)
+                tar.add(artifact_dir, arcname=artifact_dir.name, filter=_skip_temporary)
+            marker = {
+                "size": tar_path.stat().st_size,
+                "sha256": _sha256(tar_path),
+                "target": key.target,
+            }
+            prefix.put(tar_path, name + TAR)
+            prefix.put_json(name + DONE, marker)
     except Exception as exc:
-        logger.warning("compile cache artifact %s not shipped to %s (%s)", digest, uri, _why(exc))
+        logger.warning("compile cache artifact %s not shipped to %s (%s)", name, uri, _why(exc))
         return False
-    logger.info("compile cache: shipped %s (%d bytes) to %s", digest, marker["size"], prefix.uri)
+    logger.info("compile cache: shipped %s (%d bytes) to %s", name, marker["size"], prefix.uri)
     return True
 
 
