@@ -373,7 +373,8 @@ def _job_dir_with_wheel(into: Path) -> tuple[Path, str]:
 
 def _submit(head: RayHead, runtime_env: Path, job_dir: Path, args: list[str]) -> tuple[str, str]:
     """``ray job submit`` from the cluster's environment; waits for the job (tailing its
-    logs), returns its final status and its logs."""
+    logs), returns its final status (the Jobs API's, e.g. ``JobStatus.SUCCEEDED``) and its
+    logs."""
     submission_id = f"rsl-example-{uuid.uuid4().hex[:8]}"
     cmd = [
         str(head.bin / "ray"), "job", "submit", "--address", head.dashboard_url,
@@ -385,8 +386,10 @@ def _submit(head: RayHead, runtime_env: Path, job_dir: Path, args: list[str]) ->
     except subprocess.TimeoutExpired:
         logs = head.job("logs", submission_id).stdout
         pytest.fail(f"the job did not finish in 480 s; its logs:\n{logs[-6000:]}")
-    status = head.job("status", submission_id).stdout
-    return status, head.job("logs", submission_id).stdout
+    from ray.job_submission import JobSubmissionClient
+
+    info = JobSubmissionClient(head.dashboard_url).get_job_info(submission_id)
+    return str(info.status), head.job("logs", submission_id).stdout
 
 
 @pytest.mark.e2e
