@@ -87,9 +87,8 @@ def test_engines_compile_once_per_node_and_another_node_loads_it_from_the_store(
         max_tokens=4,
         engine_kwargs={"enforce_eager": False},  # vLLM's default: compile
         config={"weight_sharing": "off", "compile_cache_uri": cache_uri},
-        # every engine ready before the rows flow, so that each reports (the subject
-        # here is the compile, not a user's scaling)
-        env={"RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S": "900"},
+        # every engine is ready before the rows flow, so that each reports: the product's
+        # default (the rows wait for the engines a job starts with)
         nodes=[
             node("a", 6, 2, "a"),  # room for the CPU stages too
             node("b", 4, 1, "b"),
