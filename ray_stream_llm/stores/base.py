@@ -54,6 +54,7 @@ def _in_ray_worker() -> bool:
     except Exception:  # an older or partial Ray: the driver's default
         return False
 
+
 # Each backend's own client object (boto3 S3 client, google.cloud.storage.Client,
 # azure BlobServiceClient); opaque to everything but the backend that made it.
 Client = Any
