@@ -105,6 +105,7 @@ def node_facts(
     budget: float = 10.0,
 ) -> dict[str, Any]:
     """What this process's node has (runs in the node's task; callable anywhere)."""
+    from ray_stream_llm.integrations.vllm import cpu
     from ray_stream_llm.integrations.vllm.plugin import plugin_inactive_reason
     from ray_stream_llm.weights import memory
     from ray_stream_llm.weights.region import DEFAULT_BASE, memory_problem
@@ -132,7 +133,13 @@ def node_facts(
         "available": view.available,
         "describe": view.describe(),
     }
-    facts["region"] = None if not weight_bytes else memory_problem(Path(DEFAULT_BASE), weight_bytes)
+    # the check a pull makes, with the KV cache of the engine the CPU build sizes from memory
+    engines = cpu.kv_cache_engines() if cpu.is_cpu_build() else 0
+    facts["region"] = (
+        memory_problem(Path(DEFAULT_BASE), weight_bytes, kv_cache_engines=engines)
+        if weight_bytes
+        else None
+    )
     facts["store"] = None if uri is None else _store_probe(uri, store, budget)
     return facts
 
