@@ -1,6 +1,6 @@
 """The node's shared pull on the user's path (issues 12 and 19), end to end through Ray
 Data, vLLM's CPU build and the real S3 server, with nothing set that a user would not set
-(no RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S, no TMPDIR): a model of four safetensors files
+(no Ray Data or vLLM variable, no TMPDIR): a model of four safetensors files
 behind a link slower than vLLM's start, so that engines wait on the region while it fills;
 the answers equal an unshared run's (greedy); each weight byte served once; no weight file
 on a disk-backed path; and no region, lock, socket, segment or process left when the job
