@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import stat
 import time
 from pathlib import Path
@@ -128,35 +127,6 @@ def test_auto_shares_one_pull_on_the_users_path(s3_server, sharded, unshared_ans
         f"{weights} weight bytes; waits {[round(r['weight_wait_seconds'], 2) for r in reports]}"
         f" s; {seconds:.1f}s"
     )
-
-
-def test_an_engine_without_the_plugin_waits_for_the_whole_region(
-    s3_server, sharded, unshared_answers, work
-):
-    """One engine, the default sharing ('auto'): it shares the node's pull too. VLLM_PLUGINS
-    leaves the library's plugin out, so no engine process waits for a
-    file's mark: the engine actor waits for every mark before vLLM starts. The link at
-    32 KB/s (about 50 s for the weights) is still filling the region when the actor gets
-    there: it says how long it waited."""
-    with _slow_link(s3_server, rate=32 << 10) as link:
-        out, _, _ = run_isolated(
-            s3_server,
-            work,
-            sharded.uri,
-            "runai_streamer",
-            QUESTIONS,
-            max_tokens=SHARDED_MAX_TOKENS,
-            object_store=_through(s3_server, link),
-            env={"VLLM_PLUGINS": "none"},  # weight_sharing="auto", the default: one engine
-        )
-    assert {r["question"]: r["answer"] for r in out["rows"]} == unshared_answers
-    log = (work / "job.log").read_text()
-    assert "VLLM_PLUGINS='none' leaves 'ray_stream_llm_load_report' out" in log
-    [waited] = re.findall(r"waited ([0-9.]+)s for the whole shared pull of ", log)
-    assert float(waited) > 1.0, waited  # the region was still filling
-    assert [r["weight_sharing"] for r in out["load_reports"]] == ["node"]
-    _nothing_left()
-    print(f"\nwithout the plugin: the engine actor waited {waited}s for the whole region")
 
 
 def test_tensor_parallel_ranks_read_the_nodes_one_pull(s3_server, sharded, work):
