@@ -222,18 +222,24 @@ def smollm2(s3_server: LocalS3Server, tmp_path_factory: pytest.TempPathFactory) 
     )
 
 
+# not the run's to clean: pytest's temporary directories, and torch Inductor's cache
+# (/tmp/torchinductor_<user>: its lock files stay by design; the compile target's ISA probe
+# in the test process, compile_target.target(), writes there as vLLM's processes would)
+FOREIGN = ("pytest-of-", "torchinductor_")
+
+
 def _new_entries(root: Path, since: float, depth: int) -> set[str]:
     found: set[str] = set()
     if not root.is_dir():
         return found
     for dirpath, dirnames, filenames in os.walk(root):
         rel_depth = Path(dirpath).relative_to(root).parts
-        if len(rel_depth) >= depth or "pytest-of-" in dirpath:
+        if len(rel_depth) >= depth or any(f in dirpath for f in FOREIGN):
             dirnames[:] = []
         for name in filenames + dirnames:
             path = Path(dirpath) / name
             try:
-                if path.lstat().st_mtime >= since and "pytest-of-" not in str(path):
+                if path.lstat().st_mtime >= since and not any(f in str(path) for f in FOREIGN):
                     found.add(str(path))
             except FileNotFoundError:
                 continue
