@@ -470,9 +470,9 @@ def test_a_region_refused_when_its_pull_starts(
 
     real = node_weights.memory_problem
 
-    def full_at_pull_time(base_dir, weight_bytes, *, region=None):
+    def full_at_pull_time(base_dir, weight_bytes, *, region=None, **kwargs):
         if region is None:  # the check when the region is made: it fits then
-            return real(base_dir, weight_bytes)
+            return real(base_dir, weight_bytes, **kwargs)
         return "the node has 0.10 GiB of memory available, the weights need 0.50 GiB"
 
     monkeypatch.setattr(node_weights, "memory_problem", full_at_pull_time)
