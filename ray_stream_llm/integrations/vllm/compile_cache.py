@@ -276,22 +276,22 @@ def claim_or_wait(artifact: str, load: Any, wait_s: float | None = None) -> Any:
     deadline = time.monotonic() + wait_s
     start = time.monotonic()
     while True:
-        if os.path.exists(artifact):  # the other engine saved it
-            loaded = load()
-            if loaded is not None:
-                _engine_log.info(
-                    "loaded the compiled artifact another engine of this node made "
-                    "(waited %.1fs for its compile)",
-                    time.monotonic() - start,
-                )
-            return loaded
         fd = _try_lock(lock)
-        if fd is not None:  # nobody compiles it now: this process does
-            if os.path.exists(artifact):  # saved between the check and the lock
+        if fd is not None:  # nobody compiles it now
+            if os.path.exists(artifact):  # saved whole: its maker let go after the save
                 os.close(fd)
-                continue
-            _held[artifact] = fd
+                loaded = load()
+                if loaded is not None:
+                    _engine_log.info(
+                        "loaded the compiled artifact another engine of this node made "
+                        "(waited %.1fs for its compile)",
+                        time.monotonic() - start,
+                    )
+                return loaded
+            _held[artifact] = fd  # this process compiles it
             return None
+        # another engine holds it: its artifact is read only once it lets go (its compile
+        # block ends after the save), never while the file may still be being written
         if time.monotonic() >= deadline:
             _engine_log.warning(
                 "another engine of this node has compiled for %.0fs without saving its "
