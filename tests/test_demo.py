@@ -22,10 +22,11 @@ CLI = Path(sys.executable).parent / "ray-stream-llm"
 
 def test_make_demo_answers_and_tells_disk_from_memory(tmp_path):
     """What `make demo` runs once its environment is set up, as it runs it (its own working
-    directory under /tmp, removed at the end); the user's cache (the converted model and its
-    lock file) in the test's temporary directory."""
+    directory under /tmp, removed at the end); the user's HOME and cache (the converted model,
+    its lock file, Ray's auth token) in the test's temporary directory."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "RUNAI_STREAMER_"))}
     env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    env["HOME"] = str(tmp_path / "home")  # Ray's files of a local cluster (~/.ray) too
     proc = subprocess.run(
         [str(CLI), "demo"],
         env=env,

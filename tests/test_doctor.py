@@ -72,7 +72,12 @@ def _doctor(args, cluster, timeout=300):
     made, node_env = cluster
     env = {
         "PATH": os.environ["PATH"],
-        "HOME": node_env["AWS_CONFIG_FILE"].rsplit("/", 1)[0],
+        # the user's HOME and Ray's auth mode, as the shell that made the cluster has them:
+        # once this process has run ray.init (an earlier test), Ray 2.60 has set
+        # RAY_AUTH_MODE=token here and written ~/.ray/auth_token, and its clusters since
+        # accept only clients that present that token
+        "HOME": os.environ["HOME"],
+        **{k: v for k, v in os.environ.items() if k == "RAY_AUTH_MODE"},
         "RAY_ADDRESS": made.address,
         **node_env,
     }
