@@ -38,9 +38,10 @@ def test_streamed_smollm2_answers_with_no_weights_on_disk(s3_server, smollm2, wo
     assert sorted(r["question"] for r in rows) == sorted(QUESTIONS)
     assert all(r["answer"].strip() and r["num_generated_tokens"] > 0 for r in rows)
     answers = {r["question"]: r["answer"] for r in rows}
-    # SmolLM2 (135M, bfloat16, greedy) answers the arithmetic; its capital of France is
-    # "L'Étoile, la Marseillaise..." since its engines run unpinned (two OpenMP threads,
-    # another summation order): a fact of the model's numerics, not of how its weights came
+    # SmolLM2 (135M, bfloat16, greedy) answers the arithmetic; asked for the capital of
+    # France it said "L'Étoile, la Marseillaise..." on vLLM 0.29 and 0.32 once its engines
+    # ran unpinned (more OpenMP threads, another summation order: the likely cause, not
+    # measured apart): the model's numerics, not how its weights came
     assert "4" in answers["What is 2+2?"], answers
     # no weight file of any format appeared on local disk, no shared memory left behind
     assert written == {}, written
