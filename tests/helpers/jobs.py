@@ -27,7 +27,7 @@ SHARDED_QUESTIONS = [
 SHARDED_MAX_TOKENS = 4
 
 
-def _regions_released(since: float, timeout: float = 30.0) -> None:
+def wait_regions_released(since: float, timeout: float = 30.0) -> None:
     """Wait (up to ``timeout`` s) until the node's shared regions the job made are gone:
     their reaper removes one within about 2 s of the job's last process (docs/sharing.md),
     which can be after the job's driver has returned. What is still there after that is
@@ -120,7 +120,7 @@ def run_isolated(
     else:
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     if not any((c or {}).get("keep_warm_s") for c in [config, *(runs or [])]):
-        _regions_released(start)
+        wait_regions_released(start)
     written = weight_files_written([work, Path("/dev/shm"), Path("/tmp")], start)
     out = (
         {"log": proc.stdout + proc.stderr}
