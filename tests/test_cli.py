@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -205,3 +206,67 @@ def test_bench_prints_the_table_and_writes_perf_metrics():
         assert run["throughput"]["bytes"] == model_bytes and run["throughput"]["ratio"] > 0
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+# --- `run`'s input files, read as the job reads them (no engine) -----------------------------
+def _write_csv(path: Path) -> list[dict]:
+    rows = [
+        {"id": "1", "question": "What is 2+2?"},
+        {"id": "2", "question": "Name three colors, one per line."},
+        {"id": "3", "question": 'A "quoted", comma'},
+        {"id": "4", "question": "two\nlines"},
+    ]
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=["id", "question"])
+        writer.writeheader()
+        writer.writerows(rows)
+    with open(path, newline="", encoding="utf-8") as f:  # the file as the csv module reads it
+        return list(csv.DictReader(f))
+
+
+def _write_parquet(path: Path) -> list[dict]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table(
+        {
+            "id": [10, 11, 12],
+            "prompt": ["What is 2+2?", "two\nlines", 'A "quoted", comma'],
+            "messages": [  # chat messages, the other kind of column `run` takes
+                [{"role": "user", "content": "hi"}],
+                [{"role": "system", "content": "be brief"}, {"role": "user", "content": "yo"}],
+                [],
+            ],
+        }
+    )
+    pq.write_table(table, path)
+    return pq.read_table(path).to_pylist()
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_run_reads_every_row_and_column_of_the_input_file(suffix, tmp_path):
+    """The columns `run` checks before Ray starts (batch.input_columns) and the rows its job
+    reads (batch.read_input, the Ray dataset run_batch hands the processor) are the file's,
+    as the csv module and pyarrow read it: every row, every column, every value (a quoted
+    comma, a value over two lines, chat messages)."""
+    import pyarrow as pa
+    import ray
+
+    from ray_stream_llm.commands.batch import input_columns, read_input
+    from ray_stream_llm.integrations.ray.builder import MAP_NUM_CPUS
+
+    path = tmp_path / f"questions{suffix}"
+    expected = _write_csv(path) if suffix == ".csv" else _write_parquet(path)
+    assert input_columns(path) == list(expected[0])
+    temp = tempfile.mkdtemp(prefix="rsl-cli-read-", dir="/tmp")
+    ray.init(include_dashboard=False, _temp_dir=temp, num_cpus=2, log_to_driver=False)
+    try:
+        ds = read_input(path, num_cpus=MAP_NUM_CPUS)
+        batches = list(ds.iter_batches(batch_format="pyarrow", batch_size=None))
+        got = pa.concat_tables(batches).to_pylist()
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+    if suffix == ".csv":  # pyarrow's CSV reader types the ids; the csv module keeps text
+        got = [{k: str(v) for k, v in row.items()} for row in got]
+    assert sorted(got, key=lambda r: r["id"]) == expected

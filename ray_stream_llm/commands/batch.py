@@ -67,6 +67,18 @@ def input_columns(path: Path) -> list[str]:
     raise InputError(f"{str(path)!r} has no rows")
 
 
+def read_input(path: Path, *, num_cpus: float) -> Any:
+    """The Ray dataset of ``path``'s rows (the reader chosen by its suffix, as
+    :func:`input_columns`'s). ``num_cpus``: each read task's; it reserves a whole CPU by
+    default, and beside the engine and the CPU stages a small machine would never schedule
+    it."""
+    import ray
+
+    readers = {".parquet": ray.data.read_parquet, ".csv": ray.data.read_csv}
+    reader = readers.get(path.suffix.lower(), ray.data.read_json)
+    return reader(str(path), num_cpus=num_cpus)
+
+
 def parse_engine_kwargs(items: tuple[str, ...]) -> dict[str, Any]:
     """``KEY=JSON`` items (a value that is not JSON is taken as a string)."""
     kwargs: dict[str, Any] = {}
@@ -158,11 +170,7 @@ def run_batch(
     context.enable_progress_bars = verbose  # ours is the one display when quiet
     if not verbose:  # (ERROR: its "progress bars disabled" warning is about ours)
         logging.getLogger("ray.data").setLevel(logging.ERROR)
-    readers = {".parquet": ray.data.read_parquet, ".csv": ray.data.read_csv}
-    reader = readers.get(input_path.suffix.lower(), ray.data.read_json)
-    # A read task reserves a whole CPU by default; beside the engine and the CPU stages a
-    # small machine would never schedule it.
-    ds = reader(str(input_path), num_cpus=MAP_NUM_CPUS)
+    ds = read_input(input_path, num_cpus=MAP_NUM_CPUS)
     rows_in = ds.count()
     tables, rows, tokens = [], 0, 0
     if progress is not None:
