@@ -14,13 +14,21 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import json
+import os
 import re
 import shlex
+import shutil
+import subprocess
+import sys
+import textwrap
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from helpers.waiting import wait_until
 
 from ray_stream_llm.weights import memory
 from ray_stream_llm.weights import region as node_weights
@@ -192,43 +200,162 @@ def test_dev_shm_holds_the_region_the_margin_and_rays_object_store():
     )
 
 
-@pytest.fixture
-def gpu_node(monkeypatch):
-    """memory.py's readings of a worker pod at the moment of the check, in the worst case:
-    Ray's object store full (in /dev/shm and in the cgroup's usage), every engine's processes
-    and Ray's own already up, no other region; vLLM's CUDA build (no CPU KV cache)."""
-
-    def install(s: dict[str, int]) -> None:
-        in_use = s["object_store"] + s["engines"] * ENGINE_HOST_BYTES + RAY_SYSTEM_BYTES
-        pod = CgroupLevel(path="/sys/fs/cgroup", version=2, limit=s["limit"], usage=in_use)
-        view = MemoryView(host_available=2048 * GiB, binding=pod)  # an 8-GPU host: 2 TiB
-        shm = Tmpfs("/dev/shm", free=s["dshm"] - s["object_store"], size=s["dshm"])
-        monkeypatch.setattr(memory, "memory_view", lambda levels=None: view)
-        monkeypatch.setattr(memory, "tmpfs_at", lambda base: shm)
-        monkeypatch.setattr(memory, "regions_under", lambda base, exclude=None: Regions())
-
-    return install
-
-
-def test_the_library_memory_check_admits_the_example_model(gpu_node):
-    """node_weights.memory_problem, the check a region's creator and its puller run, on the
-    worker pod as the manifest sizes it: no problem for the example model; a model that
-    needs 1 MiB more than /dev/shm has is refused, naming /dev/shm, and so is a pod limit
-    1 MiB short of the region (the check is live)."""
+def test_the_rule_admits_the_example_model_in_the_worst_case_arithmetic():
+    """A unit test of the rule's arithmetic (memory.assess, pure), with readings the test
+    sets from the manifest's figures: the worst case of a worker pod cannot be made on this
+    machine (Ray's object store full in a 32 GiB /dev/shm and in the pod's usage, every
+    engine's processes up, a 2 TiB host). The readings themselves are proven real in
+    test_the_memory_check_reads_a_pod_sized_by_the_manifest. No problem for the example
+    model; a model 1 MiB over what /dev/shm has left is refused, naming /dev/shm, and so
+    is the example model under a pod limit 1 MiB short of it."""
     s = _sizes()
-    base = Path(node_weights.DEFAULT_BASE)
-    gpu_node(s)
-    assert node_weights.memory_problem(base, s["weights"]) is None
-    too_big = s["dshm"] - s["object_store"] - MARGIN + MiB
-    problem = node_weights.memory_problem(base, too_big)
+    in_use = s["object_store"] + s["engines"] * ENGINE_HOST_BYTES + RAY_SYSTEM_BYTES
+    shm = Tmpfs("/dev/shm", free=s["dshm"] - s["object_store"], size=s["dshm"])
+
+    def verdict(weights: int, limit: int) -> str | None:
+        pod = CgroupLevel(path="/sys/fs/cgroup", version=2, limit=limit, usage=in_use)
+        return memory.assess(
+            weight_bytes=weights,
+            regions=Regions(),  # no other region
+            kv_cache_bytes=0,  # vLLM's CUDA build: the KV cache is on the GPU
+            tmpfs=shm,
+            view=MemoryView(host_available=2048 * GiB, binding=pod),  # an 8-GPU host
+            margin=MARGIN,
+        )
+
+    assert verdict(s["weights"], s["limit"]) is None
+    problem = verdict(s["dshm"] - s["object_store"] - MARGIN + MiB, s["limit"])
     assert problem is not None and problem.startswith("/dev/shm has"), problem
     assert "0.50 GiB is kept free" in problem and "CPU KV cache" not in problem
     # the region counts against the pod's limit: a limit 1 MiB short of the weights + MARGIN
     # over what is in use is refused by the cgroup, whatever the host has free
-    in_use = s["object_store"] + s["engines"] * ENGINE_HOST_BYTES + RAY_SYSTEM_BYTES
-    gpu_node({**s, "limit": in_use + s["weights"] + MARGIN - MiB})
-    problem = node_weights.memory_problem(base, s["weights"])
+    problem = verdict(s["weights"], in_use + s["weights"] + MARGIN - MiB)
     assert problem is not None and problem.startswith("the cgroup /sys/fs/cgroup allows"), problem
+
+
+V1_MEMORY = Path("/sys/fs/cgroup/memory")
+
+
+def _can_make_a_pod() -> bool:
+    return (
+        os.geteuid() == 0
+        and os.access(V1_MEMORY, os.W_OK)
+        and (V1_MEMORY / "tasks").exists()
+        and shutil.which("mount") is not None
+    )
+
+
+@pytest.fixture
+def pod(tmp_path):
+    """What the manifest gives a worker pod, made on this machine: a real tmpfs of the
+    /dev/shm volume's sizeLimit (a tmpfs's size is a cap: 32 GiB mounts on a smaller host)
+    and a cgroup v1 memory controller whose memory.limit_in_bytes is the container's
+    memory limit; both removed after."""
+    s = _sizes()
+    shm = tmp_path / "dev-shm"
+    shm.mkdir()
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={s['dshm']},mode=1777", "tmpfs", str(shm)],
+        check=True,
+    )
+    cgroup = V1_MEMORY / f"rsl-kuberay-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        cgroup.mkdir()
+        (cgroup / "memory.limit_in_bytes").write_text(str(s["limit"]))
+        yield shm, cgroup
+    finally:
+        subprocess.run(["umount", str(shm)], check=True)
+        if cgroup.exists():  # its one process has exited: empty once the kernel lets it go
+            wait_until(lambda: _removed(cgroup), 10, f"{cgroup} not removed")
+
+
+def _removed(cgroup: Path) -> bool:
+    try:
+        cgroup.rmdir()
+    except OSError:
+        return False
+    return True
+
+
+POD_CHILD = textwrap.dedent(
+    """
+    import json, os, sys
+    from pathlib import Path
+    cgroup, base = sys.argv[1], Path(sys.argv[2])
+    weights, too_big, at_edge = map(int, sys.argv[3:])
+    Path(cgroup, "cgroup.procs").write_text(str(os.getpid()))  # from here on, in the pod
+    import psutil
+    from ray_stream_llm.weights import memory
+    from ray_stream_llm.weights import region as node_weights
+
+    shm = memory.tmpfs_at(base)
+    view = memory.memory_view()
+    out = {
+        "cgroup": Path("/proc/self/cgroup").read_text(),
+        "tmpfs": [shm.path, shm.free, shm.size],
+        "binding": [view.binding.path, view.binding.limit] if view.binding else None,
+        "example": node_weights.memory_problem(base, weights),
+        "too_big": node_weights.memory_problem(base, too_big),
+        "at_edge": node_weights.memory_problem(base, at_edge),
+        "host_available": psutil.virtual_memory().available,
+    }
+    print("RESULT " + json.dumps(out))
+    """
+)
+
+
+@pytest.mark.skipif(
+    not _can_make_a_pod(),
+    reason="needs root (to mount a tmpfs) and a writable cgroup v1 memory controller",
+)
+def test_the_memory_check_reads_a_pod_sized_by_the_manifest(pod):
+    """node_weights.memory_problem, the check a region's creator and its puller run, in a
+    process of a pod made as the manifest sizes it (fixture ``pod``), its base under the
+    pod's /dev/shm as the library's default base is: it reads the tmpfs's free and total
+    bytes and the pod's memory limit as the test reads them itself (os.statvfs, the cgroup's
+    memory.limit_in_bytes); neither the tmpfs nor the pod's limit refuses the example model;
+    a model 1 MiB over the tmpfs's free space less the margin is refused naming the tmpfs,
+    one at that edge is not refused by the tmpfs. The worst case (Ray's object store full,
+    the engines up) is the arithmetic test above."""
+    shm, cgroup = pod
+    s = _sizes()
+    stat = os.statvfs(shm)  # the test's own reading
+    free, size = stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize
+    limit = int((cgroup / "memory.limit_in_bytes").read_text())
+    assert size == s["dshm"] and limit == s["limit"]  # the manifest's figures, as mounted
+    base = shm / Path(node_weights.DEFAULT_BASE).name
+    too_big, at_edge = free - MARGIN + MiB, free - MARGIN
+    proc = subprocess.run(
+        [sys.executable, "-c", POD_CHILD, str(cgroup), str(base)]
+        + [str(n) for n in (s["weights"], too_big, at_edge)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    out = json.loads(lines[-1][len("RESULT ") :])
+    assert f"memory:/{cgroup.relative_to(V1_MEMORY)}" in out["cgroup"]
+    # the check's readings are the test's
+    assert out["tmpfs"] == [str(shm), free, size]
+    assert out["binding"] == [str(cgroup), limit]
+    # the tmpfs and the pod's limit admit the example model; only this machine's own memory
+    # can refuse it (the pod's host has 2 TiB), and then only where it has less than needed
+    need = s["weights"] + MARGIN
+    if out["host_available"] >= need + GiB:
+        assert out["example"] is None, out["example"]
+    else:
+        assert out["example"].startswith("the node has"), out["example"]
+    # the tmpfs binds at its free space as os.statvfs reads it, to the MiB
+    assert out["too_big"].startswith(
+        f"{shm} has {free / GiB:.2f} GiB free of {size / GiB:.2f} GiB"
+    ), out["too_big"]
+    assert out["at_edge"] is None or out["at_edge"].startswith("the node has"), out["at_edge"]
+    print(
+        f"\npod: tmpfs {size / GiB:.0f} GiB ({free / GiB:.2f} free), limit {limit / GiB:.0f} "
+        f"GiB; example model {s['weights'] / GiB:.2f} GiB: {out['example'] or 'admitted'}"
+    )
 
 
 def test_the_pod_memory_limit_holds_dev_shm_and_the_engines():
