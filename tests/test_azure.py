@@ -193,3 +193,15 @@ def test_a_damaged_compile_artifact_on_az_is_named_and_not_used(
 
     uri = compile_store.unique(f"az://{CONTAINER}/compile-cache/")
     compile_store.damaged_is_named_and_not_used(uri, _store(azurite), tmp_path, caplog)
+
+
+# --- an object replaced between the listing and the read: ObjectChangedError, by name ------
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
+def test_an_object_replaced_after_the_listing_is_refused_by_name(
+    azurite, tiny_layout, no_store_env, tmp_path, name
+):
+    from helpers.emulators import check_replaced_after_listing
+
+    uri = f"az://{CONTAINER}/changed/{name}-{os.urandom(4).hex()}/"
+    local = tiny_layout("single")
+    check_replaced_after_listing(azurite, local, uri, _store(azurite), name, tmp_path / name)

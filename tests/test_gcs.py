@@ -215,3 +215,48 @@ def test_an_unsafe_key_in_the_store_listing_is_refused_by_name(
     except UnsafeObjectKeyError as exc:
         assert key in str(exc)
     assert [p for p in (tmp_path / "out").rglob("*") if dest not in (p, *p.parents)] == []
+
+
+# --- an object replaced between the listing and the read: ObjectChangedError, by name ------
+def test_a_weight_replaced_after_the_listing_is_never_pulled_into_the_region(
+    gcs, tiny_layout, no_store_env, tmp_path, monkeypatch
+):
+    """A node's pull (weights/region.py) lists the model again before reading: a weight whose
+    generation changed since the job listed it fails the pull with ObjectChangedError naming
+    it, and not one byte is read from the emulator or written to the region. (The read
+    pinned to the listed ETag, which S3 and Azure prove in their files, cannot be proved
+    here: fake-gcs-server 0.1.1 answers a download whatever its If-Match or
+    ifGenerationMatch says.)"""
+    import shutil
+
+    from ray_stream_llm.fetch import fetch_metadata_report
+    from ray_stream_llm.uri import parse_model_uri
+    from ray_stream_llm.weights import region as node_weights
+
+    uri = f"gs://{BUCKET}/changed/{os.urandom(4).hex()}/"
+    gcs.upload_dir(tiny_layout("single"), uri)
+    store = _store(gcs)
+    [obj] = fetch_metadata_report(uri, tmp_path / "meta", object_store=store).weight_objects
+    new = os.urandom(obj.size)  # another version of the same size
+    gcs.put(uri + obj.path, new)
+    # the pull reads the store's settings from its process's environment, as a job's
+    # runtime_env delivers them
+    for name, value in derive_settings(store).env.items():
+        monkeypatch.setenv(name, value)
+    base = Path("/dev/shm") / f"rsl-gcs-changed-{os.getpid()}-{time.monotonic_ns()}"
+    before = len(gcs.reads())
+    try:
+        sharing = node_weights.Sharing("node", base=str(base))
+        weights = node_weights.NodeWeights(parse_model_uri(uri), (obj,), sharing)
+        region = Path(weights.acquire() or "")
+        with pytest.raises(RuntimeError) as err:
+            node_weights.wait_for(str(region / obj.path), timeout=15)
+        message = str(err.value)
+        assert "ObjectChangedError" in message and repr(obj.path) in message, message
+        assert repr(uri) in message and "changed in the store" in message, message
+        assert not node_weights.done(region, obj.path)
+        assert (region / obj.path).read_bytes() == bytes(obj.size)  # sparse: never written
+        weights.release()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    assert [r for r in gcs.reads()[before:] if r.uri == uri + obj.path] == []

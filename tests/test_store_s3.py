@@ -193,3 +193,65 @@ def test_builds_inside_a_ray_job_whose_runtime_env_sets_the_same_variable(s3_ser
         assert s3_server.secret_access_key not in proc.stdout + proc.stderr
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+# --- an object replaced between the listing and the read: ObjectChangedError, by name ------
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
+def test_an_object_replaced_after_the_listing_is_refused_by_name(
+    s3_server, tiny_models, no_aws_env, tmp_path, name
+):
+    from helpers.emulators import check_replaced_after_listing
+
+    uri = f"s3://models/tiny/changed/{name}-{os.urandom(4).hex()}/"
+    local = tiny_models["single"].local
+    check_replaced_after_listing(s3_server, local, uri, _store(s3_server), name, tmp_path / name)
+
+
+def test_metadata_replaced_between_the_listing_and_its_download_is_never_published(
+    s3_server, tiny_models, no_aws_env, tmp_path
+):
+    """The metadata fetch lists the model, then downloads each file: config.json replaced in
+    that gap by bytes of the same size (its GET held by the link until the new version is
+    in) ends the fetch with ObjectChangedError naming it, and nothing lands in the
+    destination. (Before: the download was not pinned to the listed ETag, and the new
+    version was published under the old one's ETag, beside the old version's other files.)"""
+    import threading
+
+    from helpers.links import TappedLink
+    from helpers.s3log import copy_model
+    from helpers.waiting import wait_until
+
+    from ray_stream_llm.errors import ObjectChangedError
+    from ray_stream_llm.fetch import fetch_metadata_report
+
+    model = copy_model(s3_server, tiny_models["single"], "changed-fetch")
+    dest = tmp_path / "out" / "meta"
+    size = (model.local / "config.json").stat().st_size
+    # the same size: only the ETag tells the versions apart
+    new = b'{"pad": "' + os.urandom(size).hex().encode()[: size - 11] + b'"}'
+    assert len(new) == size
+    outcome: list[BaseException | object] = []
+    with TappedLink(s3_server.port) as link:
+        store = _store(s3_server, endpoint_url=link.endpoint_url)
+        link.hold(r"^GET \S*/config\.json(\?|$)")
+
+        def fetch() -> None:
+            try:
+                outcome.append(fetch_metadata_report(model.uri, dest, object_store=store))
+            except BaseException as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=fetch, daemon=True)
+        thread.start()
+        wait_until(lambda: link.held_requests, 15, lambda: f"no GET held: {link.requests}")
+        assert any(r.startswith("GET") and "list-type=2" in r for r in link.requests)
+        s3_server.put(model.uri + "config.json", new)  # straight to the store
+        link.release()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+    [error] = outcome
+    assert isinstance(error, ObjectChangedError), error
+    assert "'config.json'" in str(error) and repr(model.uri) in str(error)
+    written = [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    assert [p for p in written if new in p.read_bytes()] == []
+    assert not dest.exists(), sorted(map(str, written))

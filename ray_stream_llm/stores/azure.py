@@ -163,13 +163,24 @@ def list_objects(client: Client, uri: ModelURI) -> Iterator[ObjectInfo]:
         raise translate(exc, uri, client, "listing") from None
 
 
+def _pinned(etag: str | None) -> dict[str, Any]:
+    """The condition that reads only the version ``etag`` names (``If-Match``)."""
+    from azure.core import MatchConditions
+
+    return {"etag": f'"{etag}"', "match_condition": MatchConditions.IfNotModified} if etag else {}
+
+
 def download(client: Client, uri: ModelURI, obj: ObjectInfo, dest: str) -> int:
-    """Write one blob to ``dest``; return the bytes written."""
-    from azure.core.exceptions import AzureError
+    """Write the listed version of one blob (``If-Match`` its ETag) to ``dest``; return the
+    bytes written."""
+    from azure.core.exceptions import AzureError, ResourceModifiedError
 
     try:
+        blob = client.get_blob_client(uri.bucket, obj.key)
         with open(dest, "wb") as f:
-            return int(client.get_blob_client(uri.bucket, obj.key).download_blob().readinto(f))
+            return int(blob.download_blob(**_pinned(obj.etag)).readinto(f))
+    except ResourceModifiedError:
+        raise changed(uri, obj.path, obj.etag) from None
     except AzureError as exc:
         raise translate(exc, uri, client, f"reading {obj.path!r} of") from None
 
@@ -185,14 +196,12 @@ def read(
 ) -> bytes:
     """The blob ``path`` of the model directory, or its bytes ``start``..``end`` inclusive;
     with ``etag`` only from that version (``If-Match``)."""
-    from azure.core import MatchConditions
     from azure.core.exceptions import AzureError, ResourceModifiedError
 
     options: dict[str, Any] = (
         {} if start is None else {"offset": start, "length": (end or start) - start + 1}
     )
-    if etag:
-        options.update(etag=f'"{etag}"', match_condition=MatchConditions.IfNotModified)
+    options.update(_pinned(etag))
     try:
         blob = client.get_blob_client(uri.bucket, uri.key(path))
         data: bytes = blob.download_blob(**options).readall()

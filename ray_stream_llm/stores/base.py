@@ -134,7 +134,8 @@ class Backend(Protocol):
         """Every object of the model directory, recursively."""
 
     def download(self, client: Client, uri: ModelURI, obj: ObjectInfo, dest: str) -> int:
-        """Write one object to ``dest``; return the bytes written."""
+        """Write the listed version of one object (``obj.etag``) to ``dest``; return the
+        bytes written (ObjectChangedError naming it when the store holds another)."""
 
     def read(
         self,

@@ -170,14 +170,27 @@ def list_objects(client: Client, uri: ModelURI) -> Iterator[ObjectInfo]:
         raise translate(exc, uri, client, "listing") from None
 
 
+def _pinned(etag: str | None) -> dict[str, Any]:
+    """The precondition that reads only the version ``etag`` names (the listing's ETag, or
+    its generation where it gave none)."""
+    if not etag:
+        return {}
+    return {"if_generation_match": int(etag)} if etag.isdigit() else {"if_etag_match": etag}
+
+
 def download(client: Client, uri: ModelURI, obj: ObjectInfo, dest: str) -> int:
-    """Write one object to ``dest`` (checksum verified by the client); return the bytes written."""
+    """Write the listed version of one object (pinned to its ETag) to ``dest``, checksum
+    verified by the client; return the bytes written."""
+    from google.api_core import exceptions as gexc
+
     try:
         with open(dest, "wb") as f:
             client.bucket(uri.bucket).blob(obj.key).download_to_file(
-                f, retry=_retry(), timeout=_TIMEOUT
+                f, retry=_retry(), timeout=_TIMEOUT, **_pinned(obj.etag)
             )
             return f.tell()
+    except gexc.PreconditionFailed:
+        raise changed(uri, obj.path, obj.etag) from None
     except _errors() as exc:
         raise translate(exc, uri, client, f"reading {obj.path!r} of") from None
 
@@ -197,12 +210,9 @@ def read(
     from google.api_core import exceptions as gexc
 
     blob = client.bucket(uri.bucket).blob(uri.key(path))
-    pinned: dict[str, Any] = {}
-    if etag:
-        pinned = {"if_generation_match": int(etag)} if etag.isdigit() else {"if_etag_match": etag}
     try:
         data: bytes = blob.download_as_bytes(
-            start=start, end=end, retry=_retry(), timeout=_TIMEOUT, **pinned
+            start=start, end=end, retry=_retry(), timeout=_TIMEOUT, **_pinned(etag)
         )
     except gexc.PreconditionFailed:
         raise changed(uri, path, etag) from None

@@ -188,17 +188,23 @@ def list_objects(client: Client, uri: ModelURI) -> Iterator[ObjectInfo]:
 
 
 def download(client: Client, uri: ModelURI, obj: ObjectInfo, dest: str) -> int:
-    """Write one object to ``dest``; return the bytes written."""
+    """Write the listed version of one object (``If-Match`` its ETag) to ``dest``; return
+    the bytes written."""
     from botocore import exceptions as bexc
 
+    kwargs: dict[str, str] = {"Bucket": uri.bucket, "Key": obj.key}
+    if obj.etag:
+        kwargs["IfMatch"] = f'"{obj.etag}"'
     written = 0
     try:
-        body = client.get_object(Bucket=uri.bucket, Key=obj.key)["Body"]
+        body = client.get_object(**kwargs)["Body"]
         with open(dest, "wb") as f:
             for chunk in body.iter_chunks(1 << 20):
                 f.write(chunk)
                 written += len(chunk)
     except (bexc.BotoCoreError, bexc.ClientError) as exc:
+        if isinstance(exc, bexc.ClientError) and _code(exc) in ("PreconditionFailed", "412"):
+            raise changed(uri, obj.path, obj.etag) from None
         raise translate(exc, uri, client, f"reading {obj.path!r} of") from None
     return written
 

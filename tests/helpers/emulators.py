@@ -191,6 +191,11 @@ class GCSEmulator(_Server):
             keys.append(key)
         return keys
 
+    def put(self, uri: str, data: bytes) -> None:
+        """Write ``data`` as the object ``gs://bucket/key`` (a new version where it exists)."""
+        bucket, _, key = uri.removeprefix("gs://").partition("/")
+        self.client().bucket(bucket).blob(key).upload_from_string(data)
+
     def reads(self) -> list[ObjectRead]:
         """Every object download answered so far, from the access log."""
         found = []
@@ -344,6 +349,11 @@ class Azurite(_Server):
             keys.append(key)
         return keys
 
+    def put(self, uri: str, data: bytes) -> None:
+        """Write ``data`` as the blob ``az://container/key`` (a new version where it exists)."""
+        container, _, key = uri.removeprefix("az://").partition("/")
+        self.client().get_blob_client(container, key).upload_blob(data, overwrite=True)
+
     def reads(self) -> list[ObjectRead]:
         """Every blob download answered so far; a path-style request is a Python client's, a
         product-style one the streamer's reader."""
@@ -437,6 +447,41 @@ def check_metadata_fetch(
         assert sum(r.bytes or 0 for r in reads) == sum(len(b) for b in on_disk.values())
     assert fetch_model_metadata(model.uri, dest, object_store=store) == path
     assert len(emulator.reads()) == before + len(reads)
+
+
+def check_replaced_after_listing(
+    emulator: GCSEmulator | Azurite | LocalS3Server,
+    local: Path,
+    uri: str,
+    store: ObjectStoreConfig,
+    name: str,
+    dest: Path,
+) -> None:
+    """``local`` uploaded to ``uri`` and listed, then its object ``name`` replaced in the store
+    by other bytes of another size: the read pinned to the listed ETag (a node's pull,
+    weights/region.py) and the download of the listed object (the metadata fetch) each raise
+    ObjectChangedError naming the object; ``dest``, where the download writes, holds none of
+    the new version's bytes."""
+    import pytest
+
+    from ray_stream_llm import stores
+    from ray_stream_llm.errors import ObjectChangedError
+    from ray_stream_llm.uri import parse_model_uri
+
+    emulator.upload_dir(local, uri)
+    model = parse_model_uri(uri)
+    client, listing = stores.list_model(model, store)
+    [obj] = [o for o in listing if o.path == name]
+    new = os.urandom(obj.size + 7)
+    emulator.put(uri + name, new)
+    deadline = stores.StoreDeadline(store.timeout_s)
+    with pytest.raises(ObjectChangedError) as err:
+        stores.read(client, model, name, deadline, 0, 1023, etag=obj.etag)
+    assert repr(name) in str(err.value) and repr(obj.etag) in str(err.value), err.value
+    with pytest.raises(ObjectChangedError) as err:
+        stores.download(client, model, obj, str(dest), deadline)
+    assert repr(name) in str(err.value) and repr(uri) in str(err.value), err.value
+    assert not dest.exists() or new[:64] not in dest.read_bytes()
 
 
 def parsed_metadata(model_dir: Path) -> list[str]:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import re
 import socket
+import threading
 import time
 from typing import Any
 
 from ray_stream_llm.tools.link import Link
 
 _REQUEST = re.compile(rb"(?:^|\r\n)([A-Z]+) (\S+) HTTP/1\.[01]\r\n")
+ALL = re.compile("")  # TappedLink.hold(None): every piece a client sends
 
 
 class _Wrapped:
@@ -42,8 +44,14 @@ class _Client(_Wrapped):
     def recv(self, n: int) -> bytes:
         data = self.sock.recv(n)
         self.received_at = time.monotonic()
-        for method, target in _REQUEST.findall(data):
-            self.link.requests.append(f"{method.decode()} {target.decode()}")
+        lines = [f"{m.decode()} {t.decode()}" for m, t in _REQUEST.findall(data)]
+        self.link.requests.extend(lines)
+        link = self.link
+        if link.holding is not None and (
+            link.holding is ALL or any(link.holding.search(line) for line in lines)
+        ):
+            link.held_requests.extend(lines or ["<bytes the link cannot read>"])
+            link.released.wait()  # never forwarded until released (or the link closes)
         return data
 
 
@@ -69,6 +77,25 @@ class TappedLink(Link):
         self.held: list[float] = []  # s between a client's piece coming in and going on
         self.bytes_at_cut: int | None = None
         self.requests_at_cut: list[str] = []
+        self.holding: re.Pattern[str] | None = None
+        self.held_requests: list[str] = []  # the requests the link kept from the store
+        self.released = threading.Event()
+
+    def hold(self, pattern: str | None = None) -> None:
+        """From now on keep from the store every request whose line ("GET /bucket/key?query")
+        matches ``pattern``; None: everything a client sends, readable or not (TLS): a store
+        that stops answering. Until :meth:`release` or the link closes."""
+        self.released.clear()
+        self.holding = ALL if pattern is None else re.compile(pattern)
+
+    def release(self) -> None:
+        """Forward what was held, and hold nothing more."""
+        self.holding = None
+        self.released.set()
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        self.release()  # the held pieces go nowhere: every connection was reset
 
     def _pump(self, src: socket.socket, dst: socket.socket, downstream: bool) -> None:
         if downstream:
