@@ -4,6 +4,7 @@ the library's vLLM plugin, real processes and real shared-memory files."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -54,49 +55,57 @@ def _slow_link(s3_server, monkeypatch, rate: float) -> Link:
 
 
 # --- 1. fail closed: a region file is read only once complete, however it is spelled --------
-def test_the_plugin_waits_for_a_region_file_named_by_a_relative_path(
+def test_the_loader_waits_for_each_region_file_named_by_a_relative_path(
     s3_server, s3_env, tiny_models, base, monkeypatch
 ):
-    """Before: the plugin compared the file's directory with a variable's string and
-    streamed a relative spelling at once, reading a sparse file still being written."""
-    from runai_model_streamer import SafetensorsStreamer
+    """vLLM's runai_streamer loader, as the plugin registers it, given the region as a
+    relative path while the pull is still on its way: every file is read whole (a file read
+    before its completion mark would be a sparse file's zeros)."""
+    from vllm.config.load import LoadConfig
+    from vllm.model_executor.model_loader import get_model_loader
 
-    from ray_stream_llm.integrations.vllm.plugin import _measured
+    from ray_stream_llm.integrations.vllm.loader import register
 
+    register()
     model = copy_model(s3_server, tiny_models["sharded"], "relative")
     report = fetch_metadata_report(model.uri)
-    last = sorted(o.path for o in report.weight_objects)[-1]
+    names = [o.path for o in report.weight_objects]
     with _slow_link(s3_server, monkeypatch, rate=64 << 10):
         weights = NodeWeights(parse_model_uri(model.uri), report.weight_objects,
                               Sharing("node", base=str(base)))  # fmt: skip
         region = Path(weights.acquire())
-        assert not node_weights.done(region, last)  # the pull is still on its way
+        assert not all(node_weights.done(region, n) for n in names)  # still on its way
         monkeypatch.chdir(base)
-        relative = os.path.relpath(region / last, base)  # "<node>/<key>/model-0000N-of..."
+        relative = os.path.relpath(region, base)  # "<node>/<key>"
         monkeypatch.delenv("RAY_STREAM_LLM_LOAD_REPORT_DIR", raising=False)
-        streamer = _measured(SafetensorsStreamer)()
-        with streamer:
-            streamer.stream_files([relative])
-            got = {name: tensor.clone() for name, tensor in streamer.get_tensors()}
-        assert node_weights.done(region, last)  # it was complete when it was read
+        loader = get_model_loader(LoadConfig(load_format="runai_streamer"))
+        got = {name: tensor for name, tensor in loader._get_weights_iterator(relative, None)}
         weights.release()
-    expected = load_file(str(model.local / last))
+    expected = {}
+    for name in names:
+        expected.update(load_file(str(model.local / name)))
     assert set(got) == set(expected) and all(torch.equal(got[k], expected[k]) for k in expected)
 
 
-def test_region_of_knows_a_region_by_its_marker(base, tmp_path):
+def test_a_region_is_known_by_its_marker_and_lists_its_planned_files(base, tmp_path):
     region = base / "node" / "key"
     region.mkdir(parents=True)
-    (region / "model.safetensors").write_bytes(b"")
-    assert node_weights.region_of(region / "model.safetensors") is None  # no marker yet
-    (region / node_weights.CREATED).write_text("{}")
-    for spelling in (
-        str(region / "model.safetensors"),
-        str(region / ".." / "key" / "model.safetensors"),
-        os.path.relpath(region / "model.safetensors"),
-    ):
-        assert node_weights.region_of(spelling) == region, spelling
-    assert node_weights.region_of(tmp_path / "model.safetensors") is None
+    (region / "b.safetensors").write_bytes(b"")
+    assert node_weights.region_of_dir(region) is None  # no marker yet
+    assert node_weights.planned_files(region) is None
+    objects = [
+        {"path": p, "key": f"m/{p}", "size": 0, "etag": "x"}
+        for p in ("b.safetensors", "a.safetensors")
+    ]
+    (region / node_weights.CREATED).write_text(json.dumps({"objects": objects}))
+    for spelling in (str(region), str(region / ".." / "key"), os.path.relpath(region)):
+        assert node_weights.region_of_dir(spelling) == region, spelling
+        # the marker's order and names, not what a glob of the directory finds
+        assert node_weights.planned_files(spelling) == [
+            str(region / "b.safetensors"),
+            str(region / "a.safetensors"),
+        ]
+    assert node_weights.region_of_dir(tmp_path) is None
 
 
 @pytest.mark.parametrize(

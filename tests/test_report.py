@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from helpers.models import tensor_bytes
+from safetensors.torch import load_file
 
 from ray_stream_llm.integrations.vllm.plugin import REPORT_DIR_ENV, register
 from ray_stream_llm.integrations.vllm.stream_watch import StreamWatcher
@@ -15,40 +17,44 @@ from ray_stream_llm.reports import LoadReport, stream_figures
 
 
 @pytest.mark.s3
-def test_plugin_reports_what_the_streamer_delivered(s3_env, tiny_models, monkeypatch):
-    """vLLM's own runai iterator, wrapped by the plugin, streaming shards from the server."""
-    from vllm.model_executor.model_loader import weight_utils
+def test_the_registered_loader_reports_what_the_streamer_delivered(
+    s3_env, tiny_models, monkeypatch
+):
+    """vLLM's loader for runai_streamer, registered by the plugin through vLLM's
+    register_model_loader, streaming the shards from the server."""
+    from vllm.config.load import LoadConfig
+    from vllm.model_executor.model_loader import (
+        RunaiModelStreamerLoader,
+        ShardedStateLoader,
+        get_model_loader,
+    )
 
     model = tiny_models["sharded"]
     shards = sorted(w for w in model.weights if w.endswith(".safetensors"))
     uris = [f"{model.uri}{s}" for s in shards]
-    original = weight_utils.SafetensorsStreamer
     monkeypatch.setenv("RUNAI_STREAMER_CONCURRENCY", "3")  # as vLLM sets it from its extra config
+    register()
+    register()  # vLLM may call a plugin twice in one process
+    loader = get_model_loader(LoadConfig(load_format="runai_streamer"))
+    assert type(loader).__module__ == "ray_stream_llm.integrations.vllm.loader"
+    assert isinstance(loader, RunaiModelStreamerLoader)
+    sharded = get_model_loader(LoadConfig(load_format="runai_streamer_sharded"))
+    assert type(sharded).__module__ == "ray_stream_llm.integrations.vllm.loader"
+    assert isinstance(sharded, ShardedStateLoader)
     with StreamWatcher(model.uri, progress=False) as watcher:
-        register()
-        register()  # vLLM may call a plugin twice in one process: wraps once
-        try:
-            # wrapped once, whether or not an earlier test of this process wrapped it
-            from runai_model_streamer import SafetensorsStreamer
-
-            wrapped = weight_utils.SafetensorsStreamer
-            assert wrapped.__name__ == "MeasuredSafetensorsStreamer"
-            assert [c for c in wrapped.__mro__ if c.__name__.endswith("SafetensorsStreamer")] == [
-                wrapped,
-                SafetensorsStreamer,
-            ]
-            received = sum(
-                t.numel() * t.element_size()
-                for _, t in weight_utils.runai_safetensors_weights_iterator(uris, False)
-            )
-        finally:
-            monkeypatch.setattr(weight_utils, "SafetensorsStreamer", original)
+        # kept without a copy: each tensor must still hold its file's values after the
+        # stream moved on (the streamer's tensors are the caller's, owned=True)
+        got = dict(loader._get_weights_iterator(model.uri, None))
+    expected_tensors = {}
+    for s in shards:
+        expected_tensors.update(load_file(str(model.local / s)))
+    assert set(got) == set(expected_tensors)
+    assert all(torch.equal(got[k], expected_tensors[k]) for k in expected_tensors)
     expected = sum(tensor_bytes(model.local / s) for s in shards)
-    assert received == expected
     [session] = watcher.sessions
-    assert session["done"] and session["files"] == uris
+    assert session["done"] and sorted(session["files"]) == uris
     assert session["planned_bytes"] == session["delivered_bytes"] == expected
-    assert session["tensors"] > 0 and session["seconds"] > 0
+    assert session["tensors"] == len(got) and session["seconds"] > 0
     assert session["settings"]["concurrency"] == "3"  # what the streaming process used
     sizes = {u: (model.local / s).stat().st_size for u, s in zip(uris, shards)}
     figures = stream_figures(watcher.sessions, sizes)
@@ -57,24 +63,18 @@ def test_plugin_reports_what_the_streamer_delivered(s3_env, tiny_models, monkeyp
     assert figures["streamed_tensor_bytes"] == expected
 
 
-def test_plugin_reports_nothing_without_an_engine_actor(monkeypatch, tmp_path):
-    """Outside this library's engine actors the plugin writes no report, and streams a file
-    that is not a shared region's as the streamer does; it still wraps the streamer, so
-    that a region file is never read before its completion mark (docs/sharing.md)."""
-    import torch
+def test_the_loader_writes_no_report_without_an_engine_actor(monkeypatch, tmp_path):
+    """Outside this library's engine actors the loader writes no report, and streams a
+    local file that is no region's as the streamer does."""
     from safetensors.torch import save_file
-    from vllm.model_executor.model_loader import weight_utils
+
+    from ray_stream_llm.integrations.vllm.loader import stream_weights
 
     monkeypatch.delenv(REPORT_DIR_ENV, raising=False)
     monkeypatch.chdir(tmp_path)
-    register()
-    streamer_class = weight_utils.SafetensorsStreamer
-    assert streamer_class.__name__ == "MeasuredSafetensorsStreamer"
     tensors = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
     save_file(tensors, str(tmp_path / "model.safetensors"))
-    with streamer_class() as streamer:
-        streamer.stream_files([str(tmp_path / "model.safetensors")])
-        got = {name: tensor.clone() for name, tensor in streamer.get_tensors()}
+    got = dict(stream_weights([str(tmp_path / "model.safetensors")], distributed=False))
     assert torch.equal(got["w"], tensors["w"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]  # no report
 

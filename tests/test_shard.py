@@ -507,9 +507,6 @@ def test_ray_executor_workers_get_the_report_directory(monkeypatch, tmp_path):
     monkeypatch.setenv(REPORT_DIR_ENV, str(tmp_path))
     monkeypatch.setenv(RAY_COPY_ENV, "SOME_USER_VAR")
     assert REPORT_DIR_ENV not in get_env_vars_to_copy(exclude_vars=set())
-    from vllm.model_executor.model_loader import weight_utils
-
-    monkeypatch.setattr(weight_utils, "SafetensorsStreamer", weight_utils.SafetensorsStreamer)
     register()
     register()  # once in the list, however often vLLM calls the plugin
     assert os.environ[RAY_COPY_ENV] == f"SOME_USER_VAR,{REPORT_DIR_ENV}"

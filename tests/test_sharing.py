@@ -165,3 +165,38 @@ def test_tensor_parallel_ranks_read_the_nodes_one_pull(s3_server, sharded, work)
     print(
         f"\nTP=2 on the region: ranks {[round(r['seconds'], 2) for r in ranks]} s; {seconds:.1f}s"
     )
+
+
+def test_an_engine_whose_node_would_not_run_the_plugin_fails_closed_before_vllm(
+    s3_server, sharded, work
+):
+    """A node whose workers' VLLM_PLUGINS leaves this library's plugin out (the driver's
+    environment does not, so the driver's own check passes): the node's region is read only
+    through the plugin's loader, so the engine actor refuses with one typed line naming the
+    reason and the fix, before vLLM starts; no weight is read from the store beyond the
+    driver's preflight, and nothing is left."""
+    log = AccessLog(s3_server)
+    out, written, _ = run_isolated(
+        s3_server,
+        work,
+        sharded.uri,
+        "runai_streamer",
+        QUESTIONS,
+        max_tokens=SHARDED_MAX_TOKENS,
+        config={"weight_sharing": "node"},
+        nodes=[{"num_cpus": 2, "env_vars": {"VLLM_PLUGINS": "some_other_plugin"}}],
+        expect_failure=True,
+        timeout=300,
+    )
+    error = out.get("error")
+    assert error and error["class"] == "PluginNotActiveError", out["log"][-3000:]
+    assert "VLLM_PLUGINS='some_other_plugin'" in error["message"], error
+    assert "ray_stream_llm_load_report" in error["message"], error  # the fix names it
+    # vLLM never started: no engine-core process wrote its start line
+    assert "EngineCore" not in out["log"], out["log"][-3000:]
+    # the store served the driver's preflight (the header's length, then the header) and
+    # no pull: the node's stage actors did not start one either
+    gets = log.gets(prefix_of(sharded.uri))
+    assert [n for k, n in gets.items() if k.endswith(".safetensors")] == [2] * 4, gets
+    assert written == {}, written
+    _nothing_left()

@@ -46,10 +46,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from ray_stream_llm.detached import detach
 from ray_stream_llm.errors import (
+    InvalidSettingError,
     ModelNotFoundError,
     ObjectChangedError,
     RayStreamLLMError,
@@ -68,6 +69,7 @@ CHUNK = 8 << 20  # bytes per ranged GET
 WORKERS = 16  # parallel ranged GETs, each on a connection of its own
 MARGIN = 512 << 20  # memory kept free beyond the weights
 MIN_PULL_RATE = 1 << 20  # bytes/s: a pull slower than this over its whole size is stuck
+SharingMode = Literal["node", "off"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +77,7 @@ class Sharing:
     """What an actor was told: ``mode`` is "node" (share) or "off"; ``required`` when the
     user asked for sharing explicitly (then a region that cannot fit is an error)."""
 
-    mode: str
+    mode: SharingMode
     base: str = DEFAULT_BASE
     required: bool = False
     engine_resources: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -84,6 +86,13 @@ class Sharing:
     peers: int = 0  # nodes a node serves at once (weights/peers.py); 0: each reads the store
     # engines whose KV cache still comes out of the node's memory (vLLM's CPU build: one)
     kv_cache_engines: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mode not in get_args(SharingMode):
+            raise InvalidSettingError(
+                f"Sharing.mode is {self.mode!r}; it is one of {get_args(SharingMode)!r} "
+                "(the builder makes it from weight_sharing: 'node' or 'auto' share, 'off' not)"
+            )
 
     def node_can_host_an_engine(self) -> bool:
         """Whether this node has the resources one engine asks for (a CPU-only node of a
@@ -134,15 +143,27 @@ def region_for(uri: ModelURI, objects: tuple[ObjectInfo, ...], base: str) -> Pat
     return Path(base) / _node_id() / key
 
 
-def region_of(path: str | os.PathLike[str]) -> Path | None:
-    """The region that the local file ``path`` belongs to (its directory holds the region's
-    marker), or None. Keyed on the directory itself, whatever string named it: a relative,
-    ``~`` or ``..`` spelling of a region file is still one."""
+def region_of_dir(directory: str | os.PathLike[str]) -> Path | None:
+    """The region at ``directory`` (it holds the region's marker), or None. Keyed on the
+    directory itself, whatever string named it (relative, ``~``, ``..``)."""
     try:
-        parent = Path(os.path.realpath(os.path.expanduser(os.fspath(path)))).parent
-        return parent if (parent / CREATED).is_file() else None
+        path = Path(os.path.realpath(os.path.expanduser(os.fspath(directory))))
+        return path if (path / CREATED).is_file() else None
     except (OSError, ValueError):
         return None
+
+
+def _region_of(path: str | os.PathLike[str]) -> Path | None:
+    return region_of_dir(os.path.dirname(os.path.realpath(os.path.expanduser(os.fspath(path)))))
+
+
+def planned_files(directory: str | os.PathLike[str]) -> list[str] | None:
+    """The weight files of the region at ``directory``, in the order its marker lists them
+    (the store's listing the stage actor planned from), or None where it is no region."""
+    region = region_of_dir(directory)
+    if region is None:
+        return None
+    return [str(region / obj.path) for obj in _objects_of(region)]
 
 
 def pull_timeout(weight_bytes: int, store_timeout_s: float | None = None) -> float:
@@ -625,7 +646,7 @@ def source_of(path: str) -> tuple[str, float]:
     read, and the seconds waited: the file itself once complete (:func:`wait_for`), or its
     object in the store when 'auto' gave the region up before pulling it."""
     waited = wait_for(path)
-    region = region_of(path)
+    region = _region_of(path)
     if region is None or done(region, Path(os.path.realpath(path)).name):
         return path, waited
     meta = _marker(region)
@@ -641,7 +662,7 @@ def wait_for(path: str, timeout: float | None = None) -> float:
     :func:`source_of`); seconds waited. Raises when the pull failed or the region is gone;
     takes the pull over when its puller died. ``timeout``: by default the region's pull
     timeout (:func:`pull_timeout`)."""
-    region = region_of(path)
+    region = _region_of(path)
     if region is None:
         raise FileNotFoundError(f"{path} is not a file of a shared region (or it was removed)")
     name = Path(os.path.realpath(path)).name
@@ -664,15 +685,6 @@ def wait_for(path: str, timeout: float | None = None) -> float:
         if _pull_free(region) and not done(region, name):
             _take_over(region)
         time.sleep(0.05)
-    return time.monotonic() - begin
-
-
-def wait_all(region: str | Path) -> float:
-    """Block until every file of ``region`` is complete (for an engine whose processes
-    cannot wait file by file); seconds waited."""
-    begin = time.monotonic()
-    for obj in _objects_of(Path(region)):
-        wait_for(str(Path(region) / obj.path))
     return time.monotonic() - begin
 
 

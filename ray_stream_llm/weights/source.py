@@ -29,7 +29,6 @@ from ray_stream_llm.weights.region import (
     pull_status,
     start_pull,
     unshared,
-    wait_all,
 )
 
 logger = logging.getLogger(__name__)
@@ -54,10 +53,10 @@ class WeightSource(Protocol):
         await each one)."""
         ...
 
-    def prepare(self, *, whole: bool = False) -> WeightSource:
+    def prepare(self) -> WeightSource:
         """Before each start attempt: the source to start from (itself, or the one it gives
-        itself up for). ``whole``: vLLM's processes will not wait file by file (this
-        library's plugin is not loaded in them), so wait here for every file."""
+        itself up for). A source that fills while read is read only through this library's
+        loader, which awaits each file (the engine actor fails closed without it)."""
         ...
 
     def sizes(self) -> dict[str, int]:
@@ -89,7 +88,7 @@ class StoreWeights:
 
     fills_while_read = False
 
-    def prepare(self, *, whole: bool = False) -> WeightSource:
+    def prepare(self) -> WeightSource:
         return self
 
     def sizes(self) -> dict[str, int]:
@@ -119,12 +118,9 @@ class RegionWeights:
 
     fills_while_read = True
 
-    def prepare(self, *, whole: bool = False) -> WeightSource:
+    def prepare(self) -> WeightSource:
         # the pull starts (or is taken over, after a puller that died) with each attempt
         start_pull(Path(self.region), self.uri, self.fetched.weight_objects)
-        if whole:
-            waited = wait_all(self.region)
-            logger.info("waited %.1fs for the whole shared pull of %s", waited, self.uri)
         why = unshared(self.region)
         if why is None:
             return self

@@ -23,7 +23,8 @@ from ray_stream_llm.integrations.ray.telemetry import job_id, node_ip, publish, 
 from ray_stream_llm.integrations.ray.udfs import SecretEnv, _prepare, local_metadata
 from ray_stream_llm.integrations.vllm import compile_store, cpu
 from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV, collect, figures
-from ray_stream_llm.integrations.vllm.plugin import plugin_inactive_reason, streamer_settings
+from ray_stream_llm.integrations.vllm.loader import streamer_settings
+from ray_stream_llm.integrations.vllm.plugin import require_plugin
 from ray_stream_llm.integrations.vllm.shm import (
     remove_orphaned_segments,
     segments_of,
@@ -81,8 +82,12 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
             engine_kwargs = dict(engine_kwargs)
             engine_kwargs.setdefault("served_model_name", uri_text)
             try:  # the node's region where the weights are shared, else the store
+                if plan.sharing is not None and plan.sharing.mode == "node":
+                    # a region is read only through this library's loader: fail closed
+                    # before any of it is made
+                    require_plugin()
                 self._weights = acquire(plan.uri, fetched, plan.sharing)
-            except RayStreamLLMError as exc:  # 'node' asked for, and it cannot fit
+            except RayStreamLLMError as exc:  # no plugin; or 'node' asked for, cannot fit
                 store_failure(exc)  # for ray_stream_llm.typed_errors() on the driver
                 raise
             if "tokenizer" in engine_kwargs:
@@ -100,8 +105,7 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         attempts = 1 + max(0, plan.load_retries if plan else 0)
         for attempt in range(1, attempts + 1):
             if self._weights is not None:  # vLLM then skips its own pull and streams these
-                whole = self._weights.fills_while_read and self._plugin_missing()
-                self._weights = self._weights.prepare(whole=whole)
+                self._weights = self._weights.prepare()
                 engine_kwargs["model_weights"] = self._weights.model_weights
             watcher = StreamWatcher(uri_text, progress=progress_enabled())
             try:
@@ -155,20 +159,6 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
                 for artifact in compile_store.compiled_dirs(records):
                     compile_store.ship(compile_cache_uri, compile_key, artifact, None)
             return
-
-    @staticmethod
-    def _plugin_missing() -> bool:
-        """Whether vLLM will not run this library's plugin in the engine's processes (which
-        makes them wait for each region file's completion mark): then the source waits for
-        every file before vLLM starts, so that an engine never reads one still being
-        written."""
-        reason = plugin_inactive_reason()
-        if reason is None:
-            return False
-        logger.warning(
-            "%s: the engine waits for the whole shared pull before it starts streaming", reason
-        )
-        return True
 
     def _release_weights(self) -> None:
         weights, self._weights = self._weights, None

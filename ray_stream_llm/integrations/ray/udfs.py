@@ -21,6 +21,7 @@ from ray_stream_llm.integrations.ray.compat import (
     TokenizeUDF,
     ray_stage_shims,
 )
+from ray_stream_llm.integrations.vllm.plugin import plugin_inactive_reason
 from ray_stream_llm.plan import Plan
 from ray_stream_llm.stores.settings import ObjectStoreConfig
 from ray_stream_llm.uri import looks_like_uri
@@ -83,7 +84,11 @@ def _prepare(secret_env: SecretEnv | None, plan: Plan | None, model: Any) -> Any
     if plan is None:
         return model
     report = fetch_metadata_report(plan.uri)
-    if plan.shares and plan.sharing.node_can_host_an_engine():
+    if (
+        plan.shares
+        and plan.sharing.node_can_host_an_engine()
+        and plugin_inactive_reason() is None  # else the engine refuses the region
+    ):
         # The earliest point of the job on this node: the pull overlaps actor start-up and
         # engine initialisation. Best effort: the engine acquires (and reports) itself.
         weights = NodeWeights(

@@ -1,25 +1,20 @@
-"""A vLLM general plugin that measures the Run:ai streamer where it runs.
+"""The library's vLLM general plugin: what it does in each of vLLM's processes.
 
-vLLM loads weights in its engine-core (or worker) process, not in the Ray
-actor that created the engine. vLLM runs every ``vllm.general_plugins`` entry
-point in each of its processes; this one does nothing unless the engine actor
-set ``RAY_STREAM_LLM_LOAD_REPORT_DIR`` (the engine's processes inherit the
-actor's environment). Then it wraps ``SafetensorsStreamer`` so that each
-streaming session writes one small JSON file there, ``<pid>-<n>.json``: the
-files streamed, the bytes the streamer planned and the bytes it delivered,
-the seconds from the first request to the last tensor, the process's tensor-parallel
-rank, and the streamer settings in force there. The file is
-rewritten at most every half second while tensors arrive (the actor turns it
-into progress) and once at the end.
+vLLM loads weights in its engine-core (or worker) process, not in the Ray actor that
+created the engine, and runs every ``vllm.general_plugins`` entry point in each of its
+processes. ``register`` there:
 
-The figures are the streamer's own: its ``total_size`` (tensor bytes of the
-files) and the tensors it yields, counted as they leave ``get_tensors``.
-
-It also records why an engine failed to start, where vLLM says it: each
-exception vLLM logs in its processes (``EngineCore failed to start.``, a worker's
-failure) becomes ``failure-<pid>-<n>.json`` (type, module, message, and its
-causes), so that the actor can quote the root cause rather than vLLM's
-"Engine core initialization failed. See root cause above."
+- registers the library's loaders under vLLM's Run:ai load formats
+  (:mod:`~ray_stream_llm.integrations.vllm.loader`: a node's region read file by file as
+  each completes, and the load report);
+- installs the compile-cache fix and figures
+  (:mod:`~ray_stream_llm.integrations.vllm.compile_cache`);
+- where an engine actor of this library asked for reports
+  (``RAY_STREAM_LLM_LOAD_REPORT_DIR``, inherited from the actor), records why an engine
+  failed to start, where vLLM says it: each exception vLLM logs in its processes
+  (``EngineCore failed to start.``, a worker's failure) becomes ``failure-<pid>-<n>.json``
+  (type, module, message, and its causes), so that the actor can quote the root cause
+  rather than vLLM's "Engine core initialization failed. See root cause above."
 
 Tensor-parallel engines: with the ``mp`` executor the workers are the engine's child
 processes and inherit the directory; with the Ray executor they are Ray actors, and
@@ -34,23 +29,14 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ray_stream_llm.errors import PluginNotActiveError
 from ray_stream_llm.files import write_whole
-from ray_stream_llm.integrations.vllm import cpu
-from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV, tensor_parallel_rank
+from ray_stream_llm.integrations.vllm import cpu, loader
+from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV
 from ray_stream_llm.integrations.vllm.shm import remove_orphaned_segments, segments_of
-
-# The streamer's tuning, as the streaming process sees it (vLLM applies its
-# model_loader_extra_config to this process's environment before it streams).
-STREAMER_SETTINGS = {
-    "concurrency": "RUNAI_STREAMER_CONCURRENCY",
-    "memory_limit": "RUNAI_STREAMER_MEMORY_LIMIT",
-    "chunk_bytesize": "RUNAI_STREAMER_CHUNK_BYTESIZE",
-}
-
 
 PLUGIN_NAME = "ray_stream_llm_load_report"  # its name in pyproject's vllm.general_plugins
 PLUGIN_GROUP = "vllm.general_plugins"
@@ -88,10 +74,6 @@ def require_plugin(env: Mapping[str, str] | None = None) -> None:
         raise PluginNotActiveError(reason)
 
 
-def streamer_settings() -> dict[str, str]:
-    return {k: os.environ.get(v, "default") for k, v in STREAMER_SETTINGS.items()}
-
-
 # vLLM's Ray executor copies the variables named here to its worker actors: with it the
 # workers (tensor or pipeline parallel, distributed_executor_backend="ray") report too.
 RAY_COPY_ENV = "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY"
@@ -103,101 +85,7 @@ def _copy_to_ray_workers(name: str) -> None:
         os.environ[RAY_COPY_ENV] = ",".join([*names, name])
 
 
-_FLUSH_S = 0.5
-_sessions = itertools.count()
-
-
-def _write(path: str, state: dict[str, Any]) -> None:
-    write_whole(path, json.dumps(state))
-
-
-def _measured(base: type) -> type:
-    class MeasuredSafetensorsStreamer(base):
-        """``SafetensorsStreamer`` that reports its sessions to the engine actor."""
-
-        def stream_files(self, paths: list[str], *args: Any, **kwargs: Any) -> None:
-            from ray_stream_llm.weights.region import region_of
-
-            begin = time.time()
-            # A file of a node's shared region (known by the region's own marker, however
-            # the path is spelled) is streamed only once its completion mark is there, file
-            # by file as each completes: never a sparse file still being written.
-            shared = any(region_of(p) is not None for p in paths)
-            if shared:
-                self._rsl_pending: tuple[list[str], Any, Any] | None = (list(paths), args, kwargs)
-                planned = sum(os.path.getsize(p) for p in paths)
-            else:
-                self._rsl_pending = None
-                super().stream_files(paths, *args, **kwargs)
-                planned = int(self.total_size)
-            directory = os.environ.get(REPORT_DIR_ENV)
-            if not directory:
-                self._rsl: dict[str, Any] | None = None
-                return
-            self._rsl = {
-                "path": os.path.join(directory, f"{os.getpid()}-{next(_sessions)}.json"),
-                "pid": os.getpid(),
-                "rank": tensor_parallel_rank(),
-                "files": [str(p) for p in paths],
-                "planned_bytes": planned,
-                "delivered_bytes": 0,
-                "tensors": 0,
-                "started": begin,
-                "seconds": 0.0,
-                "waited": 0.0,
-                "shared": shared,
-                "settings": streamer_settings(),
-                "done": False,
-            }
-            self._rsl_flush(force=True)
-
-        def _rsl_flush(self, force: bool = False) -> None:
-            state = self._rsl
-            if state is None:
-                return
-            now = time.time()
-            if not force and now - state.get("_flushed", 0.0) < _FLUSH_S:
-                return
-            state["_flushed"] = now
-            state["seconds"] = now - state["started"]
-            try:
-                _write(
-                    state["path"],
-                    {k: v for k, v in state.items() if not k.startswith("_") and k != "path"},
-                )
-            except OSError:  # the actor removed the directory: nobody is listening
-                pass
-
-        def get_tensors(self) -> Iterator[tuple[str, Any]]:
-            state = getattr(self, "_rsl", None)
-            pending = getattr(self, "_rsl_pending", None)
-            if pending is not None:
-                from ray_stream_llm.weights.region import region_of, source_of
-
-                paths, args, kwargs = pending
-                for path in paths:
-                    source, waited = source_of(path) if region_of(path) else (path, 0.0)
-                    if state is not None:
-                        state["waited"] += waited
-                    super().stream_files([source], *args, **kwargs)
-                    yield from self._rsl_count(super().get_tensors(), state)
-            else:
-                yield from self._rsl_count(super().get_tensors(), state)
-            if state is not None:
-                state["done"] = True
-                self._rsl_flush(force=True)
-
-        def _rsl_count(
-            self, tensors: Iterator[tuple[str, Any]], state: dict[str, Any] | None
-        ) -> Iterator[tuple[str, Any]]:
-            for name, tensor in tensors:
-                if state is not None:
-                    state["delivered_bytes"] += tensor.numel() * tensor.element_size()
-                    state["tensors"] += 1
-                    self._rsl_flush()
-                yield name, tensor
-
-    return MeasuredSafetensorsStreamer
+_failures = itertools.count()
 
 
 def _exception_record(exc: BaseException) -> dict[str, str]:
@@ -226,9 +114,9 @@ class FailureRecorder(logging.Handler):
             "message": record.getMessage(),
             "chain": chain,
         }
-        path = os.path.join(self.directory, f"failure-{os.getpid()}-{next(_sessions)}.json")
+        path = os.path.join(self.directory, f"failure-{os.getpid()}-{next(_failures)}.json")
         try:
-            _write(path, state)
+            write_whole(path, json.dumps(state))
         except OSError:  # the actor removed the directory: nobody is listening
             pass
 
@@ -245,9 +133,10 @@ SHARD_WRITER_ENV = "RAY_STREAM_LLM_SHARD_WRITER"  # set by save_sharded_checkpoi
 def register() -> None:
     """Entry point of ``vllm.general_plugins``; vLLM may call it more than once per process.
 
-    The streamer is wrapped in every process vLLM runs the plugin in: a read of a shared
-    region's file waits for its completion mark wherever the engine came from. Reports
-    are written only where an engine actor of this library asked for them."""
+    The loaders are registered in every process vLLM runs the plugin in
+    (:mod:`~ray_stream_llm.integrations.vllm.loader`): a read of a shared region's file
+    waits for its completion mark wherever the engine came from. Reports are written only
+    where an engine actor of this library asked for them."""
     if os.environ.get(SHARD_WRITER_ENV) == "1" and cpu.is_cpu_build():
         cpu.keep_linear_weights()
     directory = os.environ.get(REPORT_DIR_ENV)
@@ -257,17 +146,7 @@ def register() -> None:
     if directory:
         _copy_to_ray_workers(REPORT_DIR_ENV)
         _record_failures(directory)
-    try:
-        from vllm.model_executor.model_loader import weight_utils
-    except ImportError:
-        return
-    current = getattr(weight_utils, "SafetensorsStreamer", None)
-    if (
-        not isinstance(current, type)
-        or getattr(current, "__name__", "") == "MeasuredSafetensorsStreamer"
-    ):
-        return  # the streamer is not installed (vLLM's placeholder), or already wrapped
-    weight_utils.SafetensorsStreamer = _measured(current)
+    loader.register()
 
 
 def save_sharded_checkpoint(

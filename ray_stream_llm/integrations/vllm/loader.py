@@ -1,0 +1,215 @@
+"""The library's weight seam into vLLM: its Run:ai loaders, registered again under their
+own load-format names through vLLM's public ``register_model_loader``.
+
+``runai_streamer`` becomes a subclass of vLLM's ``RunaiModelStreamerLoader`` and
+``runai_streamer_sharded`` a subclass of its ``ShardedStateLoader``; each changes only how
+the weights are iterated (:func:`stream_weights`), so vLLM's own option checks, listing and
+weight loading stay in charge. What they add:
+
+- **A node's shared region, file by file.** When ``model_weights`` is a region (its
+  directory holds the region's marker, written by the engine's own stage actor), the files
+  are the ones the marker lists, in that order, and each is streamed once its completion
+  mark is there (:func:`~ray_stream_llm.weights.region.source_of`: or from the store, where
+  ``'auto'`` gave the region up), so a file still being written is never read.
+- **The load report.** Where an engine actor of this library asked for reports
+  (``RAY_STREAM_LLM_LOAD_REPORT_DIR``), each streaming session writes ``<pid>-<n>.json``
+  there: the files, the bytes planned and delivered, the seconds, the seconds waited for
+  the region, the process's tensor-parallel rank and the streamer settings in force. It is
+  rewritten at most every half second while tensors arrive (the actor turns it into
+  progress) and once at the end.
+- **No second copy.** vLLM's iterator yields ``tensor.clone()`` of every tensor; a streamer
+  that hands out tensors it does not reuse (``owned=True``, runai-model-streamer 0.17) needs
+  none, so none is made there. An older streamer's tensors are views into its reused
+  buffers: they are cloned, as vLLM does.
+
+vLLM logs a warning when a load format is registered again ("already registered, and will
+be overwritten"): once per process, and expected.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import json
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from ray_stream_llm.files import write_whole
+from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV, tensor_parallel_rank
+
+# The streamer's tuning, as the streaming process sees it (vLLM applies its
+# model_loader_extra_config to this process's environment before it streams).
+STREAMER_SETTINGS = {
+    "concurrency": "RUNAI_STREAMER_CONCURRENCY",
+    "memory_limit": "RUNAI_STREAMER_MEMORY_LIMIT",
+    "chunk_bytesize": "RUNAI_STREAMER_CHUNK_BYTESIZE",
+}
+LOAD_FORMATS = ("runai_streamer", "runai_streamer_sharded")
+
+_FLUSH_S = 0.5
+_sessions = itertools.count()
+_registered: list[str] = []  # the load formats registered in this process
+
+
+def streamer_settings() -> dict[str, str]:
+    return {k: os.environ.get(v, "default") for k, v in STREAMER_SETTINGS.items()}
+
+
+def register() -> list[str]:
+    """Register the loaders in this (vLLM) process; the load formats registered. Idempotent;
+    nothing where vLLM is not importable."""
+    if _registered:
+        return list(_registered)
+    try:
+        from vllm.model_executor.model_loader import (
+            RunaiModelStreamerLoader,
+            ShardedStateLoader,
+            register_model_loader,
+        )
+    except ImportError:
+        return []
+
+    class StreamingLoader(RunaiModelStreamerLoader):
+        """vLLM's Run:ai loader; a node's region is read file by file as each completes."""
+
+        def _prepare_weights(self, model_name_or_path: str, revision: str | None) -> list[str]:
+            planned = region_files(model_name_or_path)
+            if planned is not None:
+                return planned
+            files: list[str] = super()._prepare_weights(model_name_or_path, revision)
+            return files
+
+        def _get_weights_iterator(
+            self, model_or_path: str, revision: str | None
+        ) -> Iterator[tuple[str, Any]]:
+            files = self._prepare_weights(model_or_path, revision)
+            return stream_weights(files, distributed=self._is_distributed)
+
+    class ShardedStreamingLoader(ShardedStateLoader):
+        """vLLM's pre-sharded loader; ``runai_streamer_sharded`` streams as above."""
+
+        def iterate_over_files(self, paths: list[str]) -> Iterator[tuple[str, Any]]:
+            if self.load_config.load_format != "runai_streamer_sharded":
+                yield from super().iterate_over_files(paths)
+                return
+            yield from stream_weights(sorted(paths), distributed=False)
+
+    register_model_loader("runai_streamer")(StreamingLoader)
+    register_model_loader("runai_streamer_sharded")(ShardedStreamingLoader)
+    _registered.extend(LOAD_FORMATS)
+    return list(_registered)
+
+
+def region_files(directory: str) -> list[str] | None:
+    """The files of the node's region at ``directory``, as its marker lists them (what the
+    stage actor planned from the store's listing), or None where ``directory`` is no region."""
+    from ray_stream_llm.weights.region import planned_files
+
+    return planned_files(directory)
+
+
+def _owned_tensors() -> bool:
+    """Whether this streamer hands out tensors it never reuses (``owned=True``)."""
+    from runai_model_streamer import SafetensorsStreamer
+
+    return "owned" in inspect.signature(SafetensorsStreamer.stream_files).parameters
+
+
+def _device(distributed: bool) -> str:
+    """Where the streamer puts tensors: the GPU only in its distributed mode (as vLLM)."""
+    if not distributed:
+        return "cpu"
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cuda_alike():
+        return f"cuda:{current_platform.current_device()}"
+    return "cpu"
+
+
+def stream_weights(files: list[str], *, distributed: bool) -> Iterator[tuple[str, Any]]:
+    """The tensors of ``files`` (local paths or store URIs), streamed by the Run:ai
+    streamer: a region's files one at a time as each completes, others in one session."""
+    from runai_model_streamer import SafetensorsStreamer
+
+    from ray_stream_llm.weights.region import region_of_dir, source_of
+
+    region = region_of_dir(os.path.dirname(files[0])) if files else None
+    owned = _owned_tensors()
+    options: dict[str, Any] = {"device": _device(distributed), "is_distributed": distributed}
+    if owned:
+        options["owned"] = True
+    report = _Report(files, shared=region is not None)
+    with SafetensorsStreamer() as streamer:
+        if region is None:
+            streamer.stream_files(list(files), **options)
+            report.planned(int(streamer.total_size))
+            yield from report.count(streamer.get_tensors(), clone=not owned)
+        else:
+            report.planned(sum(os.path.getsize(f) for f in files))
+            for path in files:
+                source, waited = source_of(path)
+                report.waited(waited)
+                streamer.stream_files([source], **options)
+                yield from report.count(streamer.get_tensors(), clone=not owned)
+    report.finish()
+
+
+class _Report:
+    """One streaming session's ``<pid>-<n>.json`` in the engine actor's report directory
+    (nothing where no actor asked for one)."""
+
+    def __init__(self, files: list[str], *, shared: bool):
+        directory = os.environ.get(REPORT_DIR_ENV)
+        self.path = (
+            os.path.join(directory, f"{os.getpid()}-{next(_sessions)}.json") if directory else None
+        )
+        self.state: dict[str, Any] = {
+            "pid": os.getpid(),
+            "rank": tensor_parallel_rank(),
+            "files": [str(f) for f in files],
+            "planned_bytes": 0,
+            "delivered_bytes": 0,
+            "tensors": 0,
+            "started": time.time(),
+            "seconds": 0.0,
+            "waited": 0.0,
+            "shared": shared,
+            "settings": streamer_settings(),
+            "done": False,
+        }
+        self._flushed = 0.0
+
+    def planned(self, nbytes: int) -> None:
+        self.state["planned_bytes"] = nbytes
+        self._flush(force=True)
+
+    def waited(self, seconds: float) -> None:
+        self.state["waited"] += seconds
+
+    def count(
+        self, tensors: Iterator[tuple[str, Any]], *, clone: bool
+    ) -> Iterator[tuple[str, Any]]:
+        for name, tensor in tensors:
+            self.state["delivered_bytes"] += tensor.numel() * tensor.element_size()
+            self.state["tensors"] += 1
+            self._flush()
+            yield name, (tensor.clone() if clone else tensor)
+
+    def finish(self) -> None:
+        self.state["done"] = True
+        self._flush(force=True)
+
+    def _flush(self, force: bool = False) -> None:
+        if self.path is None:
+            return
+        now = time.time()
+        if not force and now - self._flushed < _FLUSH_S:
+            return
+        self._flushed = now
+        self.state["seconds"] = now - self.state["started"]
+        try:
+            write_whole(self.path, json.dumps(self.state))
+        except OSError:  # the actor removed the directory: nobody is listening
+            pass
