@@ -9,15 +9,18 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from helpers.emulators import AZURITE_ACCOUNT, AZURITE_KEY
+from helpers.links import TappedLink
 from helpers.models import list_files
 from helpers.s3log import AccessLog, copy_model, prefix_of
 from pydantic import ValidationError
 
-from ray_stream_llm import ObjectStoreConfig, fetch_model_metadata, inspect_model
+from ray_stream_llm import ObjectStoreConfig, fetch_model_metadata, inspect_model, stores
 from ray_stream_llm.errors import (
     AccessDeniedError,
     CacheNotWritableError,
@@ -26,6 +29,7 @@ from ray_stream_llm.errors import (
     StoreTimeoutError,
 )
 from ray_stream_llm.fetch import MARKER, fetch_metadata_report
+from ray_stream_llm.stores import StoreDeadline
 from ray_stream_llm.stores.settings import derive_settings
 from ray_stream_llm.tools.link import Link
 from ray_stream_llm.uri import parse_model_uri
@@ -216,6 +220,105 @@ def test_endpoint_that_never_answers_fails_within_the_budget(
     # (how much later is the scheduler's, on 2 loaded cores; a hang would never end)
     assert f"within {budget:g}s" in str(err.value) and "timeout_s" in str(err.value)
     assert budget - 0.5 <= elapsed, f"{elapsed:.1f}s for a budget of {budget}s"
+
+
+@pytest.mark.parametrize(
+    "scheme",
+    [pytest.param("gs", marks=pytest.mark.gcs), pytest.param("az", marks=pytest.mark.azure)],
+)
+def test_gcs_and_azure_endpoints_that_never_answer_fail_within_the_budget(
+    silent_endpoint, no_aws_env, monkeypatch, scheme
+):
+    for name in list(os.environ):
+        if name.startswith(("AZURE_", "STORAGE_EMULATOR", "GOOGLE_", "RUNAI_STREAMER_")):
+            monkeypatch.delenv(name)
+    port = silent_endpoint.rsplit(":", 1)[1]
+    if scheme == "gs":
+        store = ObjectStoreConfig(gcs_emulator_endpoint=silent_endpoint, timeout_s=5)
+    else:
+        store = ObjectStoreConfig(
+            azure_connection_string=(
+                f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
+                f"AccountKey={AZURITE_KEY};BlobEndpoint={silent_endpoint}/{AZURITE_ACCOUNT};"
+            ),
+            azure_endpoint_suffix=f"localhost:{port}",
+            timeout_s=5,
+        )
+    deadline = StoreDeadline(5)
+    with pytest.raises(StoreTimeoutError) as err:
+        stores.list_model(parse_model_uri(f"{scheme}://models/m/"), store, deadline)
+    late = -deadline.remaining()
+    assert f"did not answer within 5s (listing '{scheme}://models/m/')" in str(err.value)
+    # ended by the budget, at most one attempt (and one retry's back-off) after it
+    assert 0 <= late <= deadline.connect_timeout + deadline.read_timeout + 2.0, late
+
+
+def _threads_store(s3_server, n: int, endpoint: str | None = None, **fields) -> tuple:
+    """``n`` small objects under a prefix of their own, and settings that reach them."""
+    uri = parse_model_uri(f"s3://models/trust-threads-{n}/")
+    s3_server.create_bucket(uri.bucket)
+    client = s3_server.client()
+    if not client.list_objects_v2(Bucket=uri.bucket, Prefix=uri.prefix).get("KeyCount"):
+        for i in range(n):
+            client.put_object(
+                Bucket=uri.bucket, Key=uri.key(f"part-{i:04d}.bin"), Body=bytes([i % 251]) * 4096
+            )
+    store = ObjectStoreConfig(
+        endpoint_url=endpoint or s3_server.endpoint_url,
+        aws_access_key_id=s3_server.access_key_id,
+        aws_secret_access_key=s3_server.secret_access_key,
+        region_name=s3_server.region,
+        **fields,
+    )
+    return uri, store
+
+
+def test_store_calls_start_no_thread_of_their_own(s3_server, no_aws_env, monkeypatch):
+    """The deadline is kept in the caller's thread: a listing and 300 ranged reads (a pull's
+    calls, one at a time) start no thread at all."""
+    uri, store = _threads_store(s3_server, 300)
+    started: list[str] = []
+    start = threading.Thread.start
+
+    def counted(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", counted)
+    deadline = StoreDeadline(120)
+    client, listing = stores.list_model(uri, store, deadline, connections=1)
+    got = [stores.read(client, uri, o.path, deadline, 10, 19, etag=o.etag) for o in listing]
+    assert len(listing) == 300
+    assert got == [bytes([i % 251]) * 10 for i in range(300)]
+    assert started == []
+
+
+def test_a_store_that_stops_answering_ends_the_call_within_budget_and_one_attempt(
+    s3_server, no_aws_env
+):
+    """Mid-sequence the link starts holding every request from the store: the call then in
+    flight ends in a timeout naming it and the budget, no earlier than the budget and at most
+    one attempt's timeouts (and one retry's back-off) after it; the next call sends nothing."""
+    budget = 6.0
+    with TappedLink(s3_server.port) as link:
+        uri, store = _threads_store(s3_server, 300, link.endpoint_url, timeout_s=budget)
+        deadline = StoreDeadline(budget)
+        client, listing = stores.list_model(uri, store, deadline, connections=1)
+        first = listing[0]
+        assert stores.read(client, uri, first.path, deadline, 0, 9) == bytes(10)
+        link.hold()  # the store stops answering: no request reaches it any more
+        with pytest.raises(StoreTimeoutError) as err:
+            stores.read(client, uri, first.path, deadline, 0, 9)
+        late = -deadline.remaining()
+        assert link.held_requests  # the store never saw them
+        assert f"did not answer within {budget:g}s (reading 'part-0000.bin' of " in str(err.value)
+        bound = deadline.connect_timeout + deadline.read_timeout + 2.0
+        assert 0 <= late <= bound, f"{late:.2f}s after the budget (bound {bound:.1f}s)"
+        sent = len(link.requests)
+        began = time.monotonic()
+        with pytest.raises(StoreTimeoutError):
+            stores.read(client, uri, first.path, deadline, 0, 9)
+        assert time.monotonic() - began < 1.0 and len(link.requests) == sent
 
 
 def test_partial_credentials_name_the_missing_variable(

@@ -65,6 +65,10 @@ def make_client(
         "retry_policy": ExponentialRetry(
             initial_backoff=0.5, increment_base=1.5, retry_total=2, random_jitter_range=0
         ),
+        # run before each request the client sends (each attempt, each page, each chunk)
+        "raw_request_hook": lambda request: deadline.check_request(
+            request.http_request.method, request.http_request.url
+        ),
     }
     if store is not None and store.ca_bundle:
         options["connection_verify"] = store.ca_bundle

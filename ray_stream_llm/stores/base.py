@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -203,12 +203,25 @@ def unreachable(where: str, check: str) -> StoreUnreachableError:
 
 
 class StoreDeadline:
-    """A budget of seconds for a sequence of store calls (a preflight, one node's fetch).
+    """A budget of seconds for a sequence of store calls (a preflight, one node's fetch,
+    one region's pull), kept without a thread of its own: every call runs in its caller's
+    thread, and the budget is checked at three places:
 
-    Each call runs with the time left: past the budget it raises
-    :class:`~ray_stream_llm.errors.StoreTimeoutError` naming the call, whatever the
-    client library's own retries would do. Backends derive their per-attempt connect and
-    read timeouts from :attr:`total` so that a slow call also ends on its own.
+    - before each call (:meth:`call`): none starts once the budget is spent;
+    - before each request a call sends (:meth:`check`, run by the client each backend makes
+      with this deadline: a retry, the next page of a listing, the next chunk of a
+      download): none goes out once the budget is spent;
+    - after each call: one that ends past the budget is a timeout, even when it succeeded.
+
+    Past the budget a call raises :class:`~ray_stream_llm.errors.StoreTimeoutError` naming
+    the call and the budget. What bounds a request already sent is its client's per-attempt
+    timeouts, which the backends take from here (:attr:`connect_timeout`,
+    :attr:`read_timeout`); the client's retries are few and their back-offs short (S3: 3
+    attempts; GCS: 5 s of retries; Azure: 3 attempts). So a call ends at most one attempt's
+    timeouts (``connect_timeout + read_timeout``), or one back-off, after the budget. The
+    read timeout bounds each wait for bytes, not a whole response: a store that keeps
+    sending a trickle of bytes holds the one request it is answering until it ends, and
+    only the next request (or the call's end) sees the budget spent.
     """
 
     def __init__(self, total: float | None = None):
@@ -228,25 +241,26 @@ class StoreDeadline:
     def remaining(self) -> float:
         return self._end - time.monotonic()
 
+    def check(self, where: str) -> None:
+        """A typed timeout naming ``where`` once the budget is spent; nothing before."""
+        if self.remaining() <= 0:
+            raise timed_out(where, self.total)
+
+    def check_request(self, method: str, url: str) -> None:
+        """:meth:`check` for a request a client is about to send (its method and its URL's
+        path: the query, which can hold a SAS token, is never named)."""
+        self.check(f"{method} {urllib.parse.urlsplit(url).path}")
+
     def call(self, where: str, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)``, or a typed timeout once the budget is spent."""
-        left = self.remaining()
-        if left <= 0:
-            raise timed_out(where, self.total)
-        result: list[T] = []
-        error: list[BaseException] = []
-
-        def target() -> None:
-            try:
-                result.append(fn(*args))
-            except BaseException as exc:  # re-raised in the caller's thread
-                error.append(exc)
-
-        worker = threading.Thread(target=target, name="rsl-store-call", daemon=True)
-        worker.start()
-        worker.join(left)
-        if worker.is_alive():
-            raise timed_out(where, self.total)
-        if error:
-            raise error[0]
-        return result[0]
+        """``fn(*args)`` in this thread, or a typed timeout naming ``where`` when the budget
+        is spent before it starts or when it ends (a timeout it raised itself, one of its
+        requests refused by :meth:`check`, or a late result)."""
+        self.check(where)
+        try:
+            result = fn(*args)
+        except StoreTimeoutError:
+            if self.remaining() <= 0:
+                raise timed_out(where, self.total) from None
+            raise  # its attempts timed out within the budget: the backend named the call
+        self.check(where)
+        return result

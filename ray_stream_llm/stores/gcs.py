@@ -35,7 +35,9 @@ from ray_stream_llm.stores.settings import ObjectStoreConfig, derive_settings, s
 from ray_stream_llm.uri import ModelURI
 
 _DEFAULT_ENDPOINT = "https://storage.googleapis.com"
-_TIMEOUT = (5, 10)  # per attempt: connect, read (seconds); StoreDeadline bounds the total
+# per attempt: connect, read (seconds); the client's adapter sends each request with its
+# StoreDeadline's instead (the same from a budget of 30 s up), and checks that budget first
+_TIMEOUT = (5, 10)
 _SCOPES = ["https://www.googleapis.com/auth/devstorage.read_only"]
 _CREDENTIALS_FIX = (
     "set gcs_credentials_file in ObjectStoreConfig (or RUNAI_STREAMER_GCS_CREDENTIAL_FILE) to a "
@@ -93,13 +95,27 @@ def make_client(
     client = storage.Client(
         project=project or "<none>", credentials=credentials, client_options=options
     )
-    if max_pool_connections > 10:  # requests keeps 10 connections per host by default
-        from requests.adapters import HTTPAdapter
-
-        pool = HTTPAdapter(pool_connections=max_pool_connections, pool_maxsize=max_pool_connections)
-        for prefix in ("https://", "http://"):
-            client._http.mount(prefix, pool)
+    # requests keeps 10 connections per host by default
+    pool = max(10, max_pool_connections)
+    adapter = _deadline_adapter(deadline or StoreDeadline(store.timeout_s if store else None), pool)
+    for prefix in ("https://", "http://"):
+        client._http.mount(prefix, adapter)
     return client
+
+
+def _deadline_adapter(deadline: StoreDeadline, pool: int) -> Any:
+    """A requests adapter that checks ``deadline`` before each request it sends (each
+    attempt of a call, each page of a listing) and bounds each by the deadline's connect
+    and read timeouts."""
+    from requests.adapters import HTTPAdapter
+
+    class DeadlineAdapter(HTTPAdapter):
+        def send(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+            deadline.check_request(str(request.method), str(request.url))
+            kwargs["timeout"] = (deadline.connect_timeout, deadline.read_timeout)
+            return super().send(request, *args, **kwargs)
+
+    return DeadlineAdapter(pool_connections=pool, pool_maxsize=pool)
 
 
 def endpoint_of(client: Client) -> str:

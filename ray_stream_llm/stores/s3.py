@@ -10,7 +10,7 @@ address the store.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ray_stream_llm.errors import (
@@ -86,13 +86,14 @@ def make_client(
     config = Config(
         connect_timeout=deadline.connect_timeout,
         read_timeout=deadline.read_timeout,
+        # 3 attempts in all (botocore's max_attempts counts the retries), back-offs of 1-2 s
         retries={"max_attempts": 2, "mode": "standard"},
         max_pool_connections=max_pool_connections,
         **options,
     )
     try:
         session = boto3.session.Session(**_session_kwargs(store))
-        return session.client(
+        client = session.client(
             "s3", endpoint_url=endpoint or None, config=config, verify=store.ca_bundle
         )
     except bexc.ProfileNotFound as exc:
@@ -102,6 +103,16 @@ def make_client(
         ) from None
     except bexc.PartialCredentialsError as exc:
         raise AccessDeniedError(_partial(exc)) from None
+    # every request (each attempt of a call, each page of a listing) first checks the budget
+    client.meta.events.register("before-send.s3", _checked(deadline))
+    return client
+
+
+def _checked(deadline: StoreDeadline) -> Callable[..., None]:
+    def before_send(request: Any, **_: Any) -> None:
+        deadline.check_request(request.method, request.url)
+
+    return before_send
 
 
 def _partial(exc: BaseException) -> str:
