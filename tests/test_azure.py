@@ -205,3 +205,36 @@ def test_an_object_replaced_after_the_listing_is_refused_by_name(
     uri = f"az://{CONTAINER}/changed/{name}-{os.urandom(4).hex()}/"
     local = tiny_layout("single")
     check_replaced_after_listing(azurite, local, uri, _store(azurite), name, tmp_path / name)
+
+
+# --- a store that stops answering: StoreTimeoutError naming the call, within the budget -----
+def test_a_store_that_stops_answering_is_a_timeout_naming_the_call(
+    azurite, az_models, no_store_env, tmp_path
+):
+    """Azurite behind a link that answers, then keeps everything a client sends from Azurite
+    (HTTPS: the link cannot tell requests apart): the metadata fetch ends in
+    StoreTimeoutError naming the listing, within the budget, one attempt's timeouts and 2 s
+    for a back-off and this loaded machine's scheduling."""
+    from helpers.links import TappedLink
+
+    from ray_stream_llm.errors import StoreTimeoutError
+    from ray_stream_llm.stores import StoreDeadline
+
+    budget = 2.0  # below the clients' own timeouts: only the budget ends a call in the bound
+    model = az_models["hub-mirror"]
+    with TappedLink(azurite.port) as link:
+        linked = azurite.connection_string.replace(f":{azurite.port}/", f":{link.port}/")
+        inspect_model(model.uri, object_store=_store(azurite, azure_connection_string=linked))
+        store = _store(azurite, azure_connection_string=linked, timeout_s=budget)
+        link.hold()
+        start = time.monotonic()
+        with pytest.raises(StoreTimeoutError) as err:
+            fetch_model_metadata(model.uri, tmp_path / "meta", object_store=store)
+        elapsed = time.monotonic() - start
+        assert link.held_requests
+    message = str(err.value)
+    assert f"listing {model.uri!r}" in message and "timeout_s" in message, message
+    deadline = StoreDeadline(budget)
+    bound = budget + deadline.connect_timeout + deadline.read_timeout + 2.0
+    assert elapsed <= bound, f"{elapsed:.1f}s, budget {budget}s: {message}"
+    assert not (tmp_path / "meta").exists()

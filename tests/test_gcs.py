@@ -260,3 +260,50 @@ def test_a_weight_replaced_after_the_listing_is_never_pulled_into_the_region(
     finally:
         shutil.rmtree(base, ignore_errors=True)
     assert [r for r in gcs.reads()[before:] if r.uri == uri + obj.path] == []
+
+
+# --- a store that stops answering: StoreTimeoutError naming the call, within the budget -----
+BUDGET_S = 2.0  # below GCS's own 10 s read timeout: only the budget ends a call in the bound
+
+
+def _bound(store: ObjectStoreConfig) -> float:
+    """Seconds a call may take once the store stops answering: the budget, plus one attempt's
+    timeouts (a request already sent when the budget ends runs to its read timeout) plus 2 s
+    for a retry's back-off and this loaded machine's scheduling."""
+    from ray_stream_llm.stores import StoreDeadline
+
+    deadline = StoreDeadline(store.timeout_s)
+    return deadline.total + deadline.connect_timeout + deadline.read_timeout + 2.0
+
+
+@pytest.mark.parametrize(
+    "held, call",
+    [(None, "listing"), (r"^GET /download/", "reading")],
+    ids=["from-the-listing", "after-the-listing"],
+)
+def test_a_store_that_stops_answering_is_a_timeout_naming_the_call(
+    gcs, gcs_models, no_store_env, tmp_path, held, call
+):
+    """fake-gcs-server behind a link that answers, then keeps every request (or only the
+    object downloads, after the listing went through) from the emulator: the metadata fetch
+    ends in StoreTimeoutError naming the call, within the budget and one attempt."""
+    from helpers.links import TappedLink
+
+    from ray_stream_llm.errors import StoreTimeoutError
+
+    model = gcs_models["hub-mirror"]
+    with TappedLink(gcs.port) as link:
+        answering = ObjectStoreConfig(gcs_emulator_endpoint=link.endpoint_url)
+        inspect_model(model.uri, object_store=answering)  # the link carries the answers
+        store = ObjectStoreConfig(gcs_emulator_endpoint=link.endpoint_url, timeout_s=BUDGET_S)
+        link.hold(held)
+        start = time.monotonic()
+        with pytest.raises(StoreTimeoutError) as err:
+            fetch_model_metadata(model.uri, tmp_path / "meta", object_store=store)
+        elapsed = time.monotonic() - start
+        assert link.held_requests, link.requests
+    message = str(err.value)
+    assert f"{call} " in message and repr(model.uri) in message, message
+    assert "timeout_s" in message, message
+    assert elapsed <= _bound(store), f"{elapsed:.1f}s, budget {BUDGET_S}s: {message}"
+    assert not (tmp_path / "meta").exists()
