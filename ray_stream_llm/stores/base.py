@@ -124,8 +124,10 @@ class Backend(Protocol):
         max_pool_connections: int = 10,
     ) -> Client:
         """A client for the store, from ``store`` where it sets something, else the
-        environment; every call it makes is bounded by ``deadline``; it keeps up to
-        ``max_pool_connections`` connections open (for parallel ranged reads)."""
+        environment; it runs ``deadline.check_request`` before every request it sends,
+        takes its connect and read timeouts from ``deadline`` and retries a few times at
+        most (see :class:`StoreDeadline`); it keeps up to ``max_pool_connections``
+        connections open (for parallel ranged reads)."""
 
     def endpoint_of(self, client: Client) -> str:
         """The endpoint the client talks to, safe to show."""
