@@ -81,6 +81,10 @@ class Link:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
+        try:  # wakes the accept() blocked in the link's thread (closing alone does not)
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         _reset(self._listener)
         with self._lock:
             conns, self._conns = list(self._conns), set()
