@@ -299,6 +299,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ]
     if missing:
         raise pytest.UsageError("\n".join(missing))
+    if config.getoption("--vllm-wheel-dir") is None:  # deselected, not skipped: nothing to read
+        unread = [item for item in items if item.get_closest_marker("vllm_wheel")]
+        if unread:
+            config.hook.pytest_deselected(items=unread)
+            items[:] = [item for item in items if item not in unread]
 
 
 _skipped: list[str] = []
@@ -343,6 +348,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="fail unless ray_stream_llm is imported from an installed wheel, not the checkout "
         "(make test-compat)",
     )
+    parser.addoption(
+        "--vllm-wheel-dir",
+        default=None,
+        help="a directory holding a vLLM wheel (pip download vllm==X --no-deps -d DIR): the "
+        "tests marked vllm_wheel check the library's touch points in its source, without "
+        "installing it; without the option they are deselected",
+    )
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -352,6 +364,9 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "vllm_wheel: reads the vLLM wheel given by --vllm-wheel-dir (else deselected)"
+    )
     if not config.getoption("--on-wheel"):
         return
     import ray_stream_llm

@@ -47,6 +47,65 @@ def test_the_installed_ray_is_in_the_range():
     check_ray_version()
 
 
+@pytest.mark.s3
+@pytest.mark.parametrize("builder", ["build_llm_processor", "ray.data.llm.build_processor"])
+def test_a_ray_outside_the_range_is_refused_by_the_builder_before_ray_or_the_store(
+    s3_server, no_aws_env, monkeypatch, builder
+):
+    """The builder's first check: with a Ray older than the range, building the streaming
+    config raises UnsupportedRayError on the driver, naming that Ray and the range; Ray is
+    not started and the store is not asked (its link carries no request). The version is
+    the one the check reads, ``ray.__version__``: the builder takes none of its own."""
+    from helpers.links import TappedLink
+
+    from ray_stream_llm.stores.settings import ObjectStoreConfig
+
+    build = getattr(ray.data.llm, "build_processor", None)
+    if builder == "build_llm_processor":
+        build = build_llm_processor
+    elif build is None:  # Ray 2.48-2.52: its builder is ray.data.llm.build_llm_processor
+        build = ray.data.llm.build_llm_processor
+    assert not ray.is_initialized()
+    with TappedLink(s3_server.port) as link:
+        store = ObjectStoreConfig(
+            endpoint_url=link.endpoint_url,
+            aws_access_key_id=s3_server.access_key_id,
+            aws_secret_access_key=s3_server.secret_access_key,
+        )
+        config = StreamingvLLMEngineProcessorConfig(
+            model_source="s3://models/tiny/single/", object_store=store
+        )
+        monkeypatch.setattr(ray, "__version__", "2.47.1")
+        with pytest.raises(UnsupportedRayError) as err:
+            build(config)
+        monkeypatch.undo()
+        assert link.requests == []
+    assert "ray 2.47.1 is not supported" in str(err.value)
+    assert f"{SUPPORTED_RAY[0]} to {SUPPORTED_RAY[1]}" in str(err.value)
+    assert "pip install" in str(err.value)
+    assert not ray.is_initialized()
+
+
+def test_map_kwargs_for_rays_own_config_on_a_ray_that_takes_none_are_refused(model_dir, request):
+    """``build_llm_processor`` with Ray's own config and ``preprocess_map_kwargs``: a Ray
+    without ``ray.data.llm.build_processor`` (2.48-2.52) has no way to apply them, and the
+    builder refuses them with UnsupportedRayError naming them and the fix, before Ray
+    starts; a Ray that has it (2.53 on) gets them."""
+    config = vLLMEngineProcessorConfig(model_source=model_dir)
+    maps = {"preprocess_map_kwargs": {"num_cpus": 0.25}}
+    if not hasattr(ray.data.llm, "build_processor"):
+        with pytest.raises(UnsupportedRayError) as err:
+            build_llm_processor(config, preprocess=lambda row: row, **maps)
+        message = str(err.value)
+        assert f"preprocess_map_kwargs: ray {ray.__version__}" in message, message
+        assert "StreamingvLLMEngineProcessorConfig" in message and "ray>=2.53" in message
+        assert not ray.is_initialized()
+        return
+    request.getfixturevalue("small_cluster")
+    processor = build_llm_processor(config, preprocess=lambda row: row, **maps)
+    assert processor.preprocess_map_kwargs == maps["preprocess_map_kwargs"]
+
+
 def _comparable(value: Any) -> Any:
     """A value's structure with objects replaced by their class and fields."""
     if isinstance(value, functools.partial):
@@ -308,3 +367,129 @@ def test_ray_workers_import_the_package_the_driver_imports(small_cluster):
         return ray_stream_llm.__file__
 
     assert ray.get(imported.remote()) == ray_stream_llm.__file__
+
+
+# --- what the library touches in vLLM and torch (docs/architecture.md) ----------------------
+def _touch_point_ids() -> list[str]:
+    from ray_stream_llm.integrations.vllm.touchpoints import TOUCHPOINTS
+
+    return [p.qualname for p in TOUCHPOINTS]
+
+
+def _is_instance_attribute(owner: type, name: str) -> bool:
+    """``name`` annotated on ``owner`` or a base, or set as ``self.<name>`` in their code."""
+    import inspect
+    import re
+
+    assigned = re.compile(rf"\bself\.{re.escape(name)}\s*(:[^=\n]+)?=(?!=)")
+    for klass in owner.__mro__[:-1]:
+        if name in vars(klass).get("__annotations__", {}):
+            return True
+        try:
+            if assigned.search(inspect.getsource(klass)):
+                return True
+        except (OSError, TypeError):
+            continue
+    return False
+
+
+@pytest.mark.parametrize("qualname", _touch_point_ids())
+def test_each_touch_point_is_in_the_installed_vllm_and_torch(qualname):
+    """Each name of vLLM and torch the library relies on (touchpoints.TOUCHPOINTS, the table
+    in docs/architecture.md) is in the installed vLLM and torch, imported as the library
+    imports it: a callable with the parameter names the library passes or overrides
+    (``inspect.signature``), a string the library matches still in its source. Runs in
+    every environment: vLLM 0.29 (Ray 2.48.0, 2.54.1, 2.60) and vLLM 0.32."""
+    import importlib
+    import inspect
+
+    from helpers.static_vllm import params_match
+
+    from ray_stream_llm.integrations.vllm.touchpoints import TOUCHPOINTS
+
+    [point] = [p for p in TOUCHPOINTS if p.qualname == qualname]
+    obj: Any = importlib.import_module(point.module)
+    *path, last = point.name.split(".")
+    for part in path:
+        obj = getattr(obj, part)
+    if point.instance:
+        assert _is_instance_attribute(obj, last), f"{qualname}: no instance attribute {last!r}"
+        return
+    assert hasattr(obj, last), f"{qualname}: not in {point.module}"
+    obj = getattr(obj, last)
+    if point.params is not None:
+        have = tuple(inspect.signature(obj).parameters)
+        assert params_match(point, have), (qualname, have, point.params, point.exact)
+    for wanted in point.contains:
+        assert wanted in inspect.getsource(obj), f"{qualname}: its source lacks {wanted!r}"
+
+
+def _installed_sources() -> list[Any]:
+    """The site-packages directories the installed vLLM and torch are in."""
+    from pathlib import Path
+
+    import torch
+    import vllm
+
+    return sorted({Path(m.__file__).resolve().parent.parent for m in (vllm, torch)})
+
+
+def test_the_static_check_agrees_with_the_installed_vllm_and_torch():
+    """The check that reads a wheel it cannot run (tests/helpers/static_vllm.py, ``ast``
+    only) finds every touch point in the installed vLLM's and torch's source files, where
+    the test above found them by import; and it does fail: a parameter or a name the
+    library would rely on that the installed vLLM lacks is reported by name."""
+    import dataclasses
+
+    from helpers.static_vllm import Checker, Sources, check
+
+    from ray_stream_llm.integrations.vllm.touchpoints import TOUCHPOINTS
+
+    places = _installed_sources()
+    results = check(*places)
+    assert set(results) == {p.qualname for p in TOUCHPOINTS}
+    assert {name: wrong for name, wrong in results.items() if wrong} == {}
+    checker = Checker(Sources(*places))
+    [hook] = [p for p in TOUCHPOINTS if p.name == "_try_load_aot_compiled_fn"]
+    more = dataclasses.replace(hook, params=(*(hook.params or ()), "tag"))
+    assert checker.problems(more) == [
+        f"{hook.qualname}: parameters {hook.params} (the library relies on {more.params})"
+    ]
+    gone = dataclasses.replace(hook, name="_try_load_aot_compiled_fn_v2")
+    assert checker.problems(gone) == [f"{gone.qualname}: not defined in {hook.module}"]
+    said = dataclasses.replace(hook, contains=("Compiling the model once more",))
+    assert checker.problems(said) == [
+        f"{hook.qualname}: its source no longer contains 'Compiling the model once more'"
+    ]
+
+
+# What a vLLM wheel that cannot run here changes, found by the static check (the table in
+# docs/architecture.md says what each means). vLLM 0.33.0 passes is_unused_weight as a third
+# positional argument to _get_weights_iterator, which the library's override does not take.
+CHANGED_IN_WHEEL = {
+    "0.33.0": {
+        "vllm.model_executor.model_loader.RunaiModelStreamerLoader._get_weights_iterator",
+    },
+}
+
+
+@pytest.mark.vllm_wheel
+def test_a_vllm_wheel_has_each_touch_point(request):
+    """``--vllm-wheel-dir DIR`` (``pip download vllm==X --no-deps -d DIR``): each vLLM touch
+    point checked in the wheel's source, read in place, never installed or run; the touch
+    points that changed are exactly those recorded for that version (none for a version
+    not recorded). Torch's touch points need torch's wheel and are not checked here."""
+    import zipfile
+    from pathlib import Path
+
+    from helpers.static_vllm import check
+
+    directory = Path(request.config.getoption("--vllm-wheel-dir"))
+    [wheel] = sorted(directory.glob("vllm-*.whl"))
+    version = wheel.name.split("-")[1]
+    with zipfile.ZipFile(wheel) as z:
+        assert any(n.startswith("vllm/") for n in z.namelist()), wheel
+    results = check(directory, packages=("vllm",))
+    assert len(results) > 40, results
+    changed = {name for name, wrong in results.items() if wrong}
+    assert changed == CHANGED_IN_WHEEL.get(version, set()), {n: results[n] for n in changed}
