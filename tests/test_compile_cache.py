@@ -231,12 +231,24 @@ def test_a_process_records_what_vllm_said_and_never_remakes_a_removed_directory(
             None,
         )
     )
+    # vLLM 0.32's: the compile tag first
+    recorder.handle(
+        logging.LogRecord(
+            "vllm.compilation.decorators",
+            logging.WARNING,
+            __file__,
+            1,
+            "%sCompiling model again due to a load failure from %s, reason: %s",
+            ("[backbone] ", "/x/rank_0_0/model", "Compile cache file corrupted."),
+            None,
+        )
+    )
     recorder.seconds, recorder.blocks = 2.5, 2
     recorder.write()
     [record] = compile_cache.collect(str(tmp_path))
     assert (record["pid"], record["seconds"], record["blocks"]) == (os.getpid(), 2.5, 2)
-    assert record["load_failures"] == [reason]
-    assert compile_cache.outcome(record) == f"load failed: {reason}"
+    assert record["load_failures"] == [reason, "Compile cache file corrupted."]
+    assert compile_cache.outcome(record) == "load failed: Compile cache file corrupted."
     gone = compile_cache._Recorder(str(tmp_path / "removed"))
     gone.blocks = 1
     gone.write()

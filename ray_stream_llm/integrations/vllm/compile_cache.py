@@ -51,13 +51,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from ray_stream_llm.files import write_whole
+from ray_stream_llm.integrations.vllm.touchpoints import LOAD_FAILURE
 
 # set by the engine actor: where each of its processes writes what it measured
 REPORT_DIR_ENV = "RAY_STREAM_LLM_LOAD_REPORT_DIR"
 
 FIX_ENV = "RAY_STREAM_LLM_AOT_LOAD_FIX"
 SUBDIR = "compile"
-LOAD_FAILURE = "Compiling model again due to a load failure"
 _PATCHED = "_rsl_compile_measured"
 
 
@@ -358,7 +358,9 @@ class _Recorder(logging.Handler):
         self.failures: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        if not str(record.msg).startswith(LOAD_FAILURE):
+        # vLLM 0.29 logs "Compiling model again due to a load failure from %s, reason: %s";
+        # 0.32 puts a "%s" prefix (the compile tag) before it
+        if LOAD_FAILURE not in str(record.msg):
             return
         args = record.args if isinstance(record.args, tuple) else ()
         self.failures.append(str(args[-1]) if args else record.getMessage())
