@@ -82,8 +82,14 @@ def register() -> list[str]:
             return files
 
         def _get_weights_iterator(
-            self, model_or_path: str, revision: str | None
+            self, model_or_path: str, revision: str | None, *args: Any, **kwargs: Any
         ) -> Iterator[tuple[str, Any]]:
+            if args or kwargs:
+                # a newer vLLM's selection of the files a model uses (0.33:
+                # is_unused_weight): vLLM's own iterator over its choice, counted
+                return counted(
+                    super()._get_weights_iterator(model_or_path, revision, *args, **kwargs)
+                )
             files = self._prepare_weights(model_or_path, revision)
             return stream_weights(files, distributed=self._is_distributed)
 
@@ -153,6 +159,13 @@ def stream_weights(files: list[str], *, distributed: bool) -> Iterator[tuple[str
                 report.waited(waited)
                 streamer.stream_files([source], **options)
                 yield from report.count(streamer.get_tensors(), clone=not owned)
+    report.finish()
+
+
+def counted(tensors: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    """vLLM's own iterator's tensors, counted for the load report (its files unknown here)."""
+    report = _Report([], shared=False)
+    yield from report.count(tensors, clone=False)
     report.finish()
 
 
