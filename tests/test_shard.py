@@ -663,3 +663,93 @@ def test_shard_command_help_and_bad_input(tmp_path):
         proc = cli(*args)
         assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
         assert fragment in proc.stderr.strip().splitlines()[-1], proc.stderr  # the reason
+
+
+# --- what an engine saved, checked before anything is uploaded or marked complete ----------
+def _save_rank_files(private: Path, ranks: list[int], floats: int) -> int:
+    """Real safetensors rank files (one part each, ``floats`` float32 values) as vLLM names
+    them; the bytes written."""
+    import torch
+    from safetensors.torch import save_file
+
+    for rank in ranks:
+        tensors = {"model.embed_tokens.weight": torch.full((floats,), float(rank + 1))}
+        save_file(tensors, str(private / f"model-rank-{rank}-part-0.safetensors"))
+    return sum(p.stat().st_size for p in private.glob("*.safetensors"))
+
+
+@pytest.mark.parametrize(
+    "ranks, floats, fragment",
+    [
+        ([0, 2], 1 << 18, "ranks [0, 2], not for the 2 ranks asked"),
+        ([0], 1 << 18, "ranks [0], not for the 2 ranks asked"),
+        ([0, 1], 16, None),  # every rank, far fewer bytes than the source: the sizes named
+    ],
+    ids=["other-ranks", "too-few-ranks", "too-few-bytes"],
+)
+def test_saved_rank_files_that_cannot_be_the_model_are_a_shard_write_error(
+    tmp_path, ranks, floats, fragment
+):
+    from ray_stream_llm.commands.shard import MIN_SAVED_SHARE, check_saved_ranks
+    from ray_stream_llm.errors import ShardWriteError
+    from ray_stream_llm.uri import parse_model_uri
+
+    source = parse_model_uri(f"s3://{BUCKET}/tiny/single/")
+    source_bytes = 1 << 20
+    saved = _save_rank_files(tmp_path, ranks, floats)
+    with pytest.raises(ShardWriteError) as err:
+        check_saved_ranks(tmp_path, 2, source_bytes, source)
+    message = str(err.value)
+    if fragment is None:
+        assert saved < MIN_SAVED_SHARE * source_bytes
+        assert f"saved {saved} bytes of rank files for {source_bytes} bytes" in message, message
+        assert repr(str(source)) in message, message
+    else:
+        assert saved >= MIN_SAVED_SHARE * source_bytes  # the ranks alone are wrong
+        assert fragment in message and "tensor_parallel_size=2" in message, message
+    assert "nothing was marked complete" in message
+    # the files that pass: every rank, most of the bytes
+    for path in tmp_path.iterdir():
+        path.unlink()
+    _save_rank_files(tmp_path, [0, 1], 1 << 17)
+    assert [p.name for p in check_saved_ranks(tmp_path, 2, source_bytes, source)] == [
+        "model-rank-0-part-0.safetensors",
+        "model-rank-1-part-0.safetensors",
+    ]
+
+
+def test_a_save_of_too_few_bytes_uploads_no_rank_file_and_marks_nothing_complete(
+    s3_server, tiny_models, s3_env, monkeypatch
+):
+    """The whole command with the engine's save standing in (it writes real safetensors rank
+    files, of every rank, far fewer bytes than the model's): ShardWriteError naming the
+    sizes; the output holds the partial marker, no rank file and no completion marker, and
+    the stage directory is removed."""
+    from ray_stream_llm.errors import ShardWriteError
+    from ray_stream_llm.integrations.vllm import plugin
+
+    source = tiny_models["single"]
+    source_bytes = sum(p.stat().st_size for p in source.local.glob("*.safetensors"))
+    output = f"s3://{BUCKET}/tiny/shard-test-{uuid.uuid4().hex[:8]}-short/"
+    stage = Path("/dev/shm") / f"rsl-shard-test-{uuid.uuid4().hex[:8]}"
+    stage.mkdir()
+    saved: list[int] = []
+
+    def short_save(kwargs: dict, private: str, max_part_bytes: int | None) -> tuple[float, float]:
+        assert kwargs["tensor_parallel_size"] == 2
+        saved.append(_save_rank_files(Path(private), [0, 1], 16))
+        return 0.0, 0.0
+
+    monkeypatch.setattr(plugin, "save_sharded_checkpoint", short_save)
+    try:
+        with pytest.raises(ShardWriteError) as err:
+            shard_model(source.uri, 2, output, stage_dir=stage)
+        assert list(stage.iterdir()) == []
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    assert f"saved {saved[0]} bytes of rank files for {source_bytes} bytes" in str(err.value)
+    bucket, _, prefix = output.removeprefix("s3://").partition("/")
+    listed = s3_server.client().list_objects_v2(Bucket=bucket, Prefix=prefix)
+    names = sorted(o["Key"].removeprefix(prefix) for o in listed.get("Contents", ()))
+    assert SHARD_PARTIAL_MARKER in names and SHARD_DONE_MARKER not in names, names
+    assert [n for n in names if n.endswith(".safetensors")] == [], names

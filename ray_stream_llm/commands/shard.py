@@ -574,22 +574,32 @@ def _save(
                 f"by it); the output's partial marker stays, run the command again to resume"
             ) from exc
     result.loaded = True
+    staged = check_saved_ranks(private, tp, plan.source_bytes, source)
+    result.staged_peak_bytes = sum(p.stat().st_size for p in staged)
+    return staged
+
+
+def check_saved_ranks(private: Path, tp: int, source_bytes: int, source: ModelURI) -> list[Path]:
+    """The rank files an engine saved into ``private`` for ``tp`` ranks, sorted, once checked:
+    files for exactly ranks ``0..tp-1``, holding at least :data:`MIN_SAVED_SHARE` of the
+    source's ``source_bytes`` weight bytes; a :class:`ShardWriteError` naming the ranks or
+    the sizes otherwise (raised before anything is uploaded or marked complete)."""
     named = shard_file_regex()
     staged = sorted(p for p in private.iterdir() if named.fullmatch(p.name))
-    result.staged_peak_bytes = sum(p.stat().st_size for p in staged)
+    saved = sum(p.stat().st_size for p in staged)
     ranks = {int(m["rank"]) for p in staged if (m := named.fullmatch(p.name))}
     if ranks != set(range(tp)):
         raise ShardWriteError(
             f"vLLM saved files for ranks {sorted(ranks)}, not for the {tp} ranks asked; "
             "check that the engine started with tensor_parallel_size="
-            f"{tp} (engine_kwargs must not override it)"
+            f"{tp} (engine_kwargs must not override it); nothing was marked complete"
         )
-    if result.staged_peak_bytes < MIN_SAVED_SHARE * plan.source_bytes:
+    if saved < MIN_SAVED_SHARE * source_bytes:
         raise ShardWriteError(
-            f"vLLM saved {result.staged_peak_bytes} bytes of rank files for "
-            f"{plan.source_bytes} bytes of weights in {source}: weights were lost in the "
-            "save (an engine whose layers repacked their weights after loading, "
-            "e.g. a quantization or a CPU kernel); nothing was marked complete"
+            f"vLLM saved {saved} bytes of rank files for {source_bytes} bytes of weights in "
+            f"{str(source)!r}: weights were lost in the save (an engine whose layers repacked "
+            "their weights after loading, e.g. a quantization or a CPU kernel); nothing was "
+            "marked complete"
         )
     return staged
 

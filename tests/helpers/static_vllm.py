@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-if str(ROOT) not in sys.path:  # run as a script from the checkout
+if __name__ == "__main__" and str(ROOT) not in sys.path:  # a script, from the checkout
     sys.path.insert(0, str(ROOT))
 
 from ray_stream_llm.integrations.vllm.touchpoints import TOUCHPOINTS, TouchPoint  # noqa: E402

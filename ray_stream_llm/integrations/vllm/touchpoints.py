@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 
+# the file names vLLM's ShardedStateLoader saves a TP-only engine's ranks under
+from ray_stream_llm.patterns import SHARD_PATTERN
+
 
 @dataclasses.dataclass(frozen=True)
 class TouchPoint:
@@ -61,8 +64,6 @@ _ML = "vllm.model_executor.model_loader"
 _DECORATORS = "vllm.compilation.decorators"
 # vLLM's warning when a saved AOT artifact does not load (compile_cache.LOAD_FAILURE)
 LOAD_FAILURE = "Compiling model again due to a load failure"
-# the file names vLLM's ShardedStateLoader saves a TP-only engine's ranks under
-SHARD_PATTERN = "model-rank-{rank}-part-{part}.safetensors"
 
 TOUCHPOINTS: tuple[TouchPoint, ...] = (
     # the weight seam: vLLM's Run:ai loaders, subclassed and registered again
@@ -163,6 +164,12 @@ TOUCHPOINTS: tuple[TouchPoint, ...] = (
         "wait_for_engine_startup",
         _WATCH,
         contains=("Engine core initialization failed",),
+    ),
+    TouchPoint(
+        "vllm.v1.executor.multiproc_executor",
+        "WorkerProc.wait_for_ready",
+        _WATCH,
+        contains=("WorkerProc initialization failed",),
     ),
     # Ray 2.48-2.50's engine wrapper, rebuilt for vLLM >= 0.11 (engine_stage_shims)
     TouchPoint("vllm", "AsyncEngineArgs", _STAGE),
