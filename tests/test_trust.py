@@ -18,6 +18,7 @@ from helpers.emulators import AZURITE_ACCOUNT, AZURITE_KEY
 from helpers.links import TappedLink
 from helpers.models import list_files
 from helpers.s3log import AccessLog, copy_model, prefix_of
+from helpers.waiting import wait_until
 from pydantic import ValidationError
 
 from ray_stream_llm import ObjectStoreConfig, fetch_model_metadata, inspect_model, stores
@@ -291,6 +292,24 @@ def test_store_calls_start_no_thread_of_their_own(s3_server, no_aws_env, monkeyp
     assert len(listing) == 300
     assert got == [bytes([i % 251]) * 10 for i in range(300)]
     assert started == []
+
+
+def test_only_a_client_given_a_deadline_refuses_requests_past_it(s3_server, no_aws_env):
+    """A client made with a StoreDeadline sends nothing once it is spent; one made without
+    (the shard command's, for uploads after minutes of writing; the benchmark's) keeps its
+    timeouts and no budget."""
+    from ray_stream_llm.stores import s3
+
+    uri, store = _threads_store(s3_server, 300, timeout_s=1.0)
+    deadline = StoreDeadline(3.0)  # room for two clients and a listing on a loaded machine
+    bounded, unbounded = s3.make_client(store, deadline), s3.make_client(store)
+    for client in (bounded, unbounded):
+        assert len(list(s3.list_objects(client, uri))) == 300
+    wait_until(lambda: deadline.remaining() <= 0, 5, "the 3 s budget never ran out")
+    assert len(list(s3.list_objects(unbounded, uri))) == 300
+    with pytest.raises(StoreTimeoutError) as err:
+        list(s3.list_objects(bounded, uri))
+    assert "did not answer within 3s (GET /models" in str(err.value)
 
 
 def test_a_store_that_stops_answering_ends_the_call_within_budget_and_one_attempt(

@@ -179,7 +179,9 @@ class _Output:
         self.deadline = StoreDeadline(store.timeout_s if store is not None else None)
         from ray_stream_llm.stores import s3
 
-        self.client = s3.make_client(store, self.deadline)
+        # the client serves the whole run (uploads after the engine wrote for minutes): its
+        # requests are bounded per attempt only; the budget bounds the markers' reads
+        self.client = s3.make_client(store)
 
     def listing(self) -> dict[str, Any]:
         impl = stores.backend(self.uri.scheme)

@@ -53,23 +53,24 @@ def make_client(
     max_pool_connections: int = 10,
 ) -> Client:
     """An ``azure.storage.blob.BlobServiceClient``: from ``store`` where it sets something,
-    from the environment for the rest."""
+    from the environment for the rest; timeouts from ``deadline``, which every request then
+    checks first (without one: the timeouts of ``store.timeout_s``, and no budget)."""
     from azure.storage.blob import BlobServiceClient, ExponentialRetry
 
     env = derive_settings(store).env
-    deadline = deadline or StoreDeadline(store.timeout_s if store is not None else None)
+    budget = deadline or StoreDeadline(store.timeout_s if store is not None else None)
     options: dict[str, Any] = {
-        "connection_timeout": deadline.connect_timeout,
-        "read_timeout": deadline.read_timeout,
+        "connection_timeout": budget.connect_timeout,
+        "read_timeout": budget.read_timeout,
         # the default waits 15 s or more before each retry of a refused connection; ~5 s in all
         "retry_policy": ExponentialRetry(
             initial_backoff=0.5, increment_base=1.5, retry_total=2, random_jitter_range=0
         ),
-        # run before each request the client sends (each attempt, each page, each chunk)
-        "raw_request_hook": lambda request: deadline.check_request(
-            request.http_request.method, request.http_request.url
-        ),
     }
+    if deadline is not None:  # run before each request sent (each attempt, page, chunk)
+        options["raw_request_hook"] = lambda request: deadline.check_request(
+            request.http_request.method, request.http_request.url
+        )
     if store is not None and store.ca_bundle:
         options["connection_verify"] = store.ca_bundle
     if max_pool_connections > 10:  # requests keeps 10 connections per host by default

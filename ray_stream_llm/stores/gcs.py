@@ -61,7 +61,8 @@ def make_client(
     max_pool_connections: int = 10,
 ) -> Client:
     """A ``google.cloud.storage.Client``: from ``store`` where it sets something, from the
-    environment for the rest."""
+    environment for the rest; timeouts from ``deadline``, which every request then checks
+    first (without one: the timeouts of ``store.timeout_s``, and no budget)."""
     import google.auth
     from google.auth import exceptions as aexc
     from google.auth.credentials import AnonymousCredentials
@@ -97,22 +98,27 @@ def make_client(
     )
     # requests keeps 10 connections per host by default
     pool = max(10, max_pool_connections)
-    adapter = _deadline_adapter(deadline or StoreDeadline(store.timeout_s if store else None), pool)
+    adapter = _deadline_adapter(deadline, store, pool)
     for prefix in ("https://", "http://"):
         client._http.mount(prefix, adapter)
     return client
 
 
-def _deadline_adapter(deadline: StoreDeadline, pool: int) -> Any:
+def _deadline_adapter(
+    deadline: StoreDeadline | None, store: ObjectStoreConfig | None, pool: int
+) -> Any:
     """A requests adapter that checks ``deadline`` before each request it sends (each
     attempt of a call, each page of a listing) and bounds each by the deadline's connect
-    and read timeouts."""
+    and read timeouts (without a deadline: those of ``store.timeout_s``, and no check)."""
     from requests.adapters import HTTPAdapter
+
+    budget = deadline or StoreDeadline(store.timeout_s if store is not None else None)
 
     class DeadlineAdapter(HTTPAdapter):
         def send(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-            deadline.check_request(str(request.method), str(request.url))
-            kwargs["timeout"] = (deadline.connect_timeout, deadline.read_timeout)
+            if deadline is not None:
+                deadline.check_request(str(request.method), str(request.url))
+            kwargs["timeout"] = (budget.connect_timeout, budget.read_timeout)
             return super().send(request, *args, **kwargs)
 
     return DeadlineAdapter(pool_connections=pool, pool_maxsize=pool)

@@ -64,14 +64,16 @@ def make_client(
     max_pool_connections: int = 10,
 ) -> Client:
     """A boto3 S3 client in a fresh session: from ``store`` where it sets something,
-    from the standard environment for the rest; timeouts from ``deadline``."""
+    from the standard environment for the rest; timeouts from ``deadline``, which every
+    request then checks first. Without one: the timeouts of ``store.timeout_s``, and no
+    budget over the client's calls (a long tool run's uploads, a benchmark)."""
     import boto3
     from botocore import UNSIGNED
     from botocore import exceptions as bexc
     from botocore.config import Config
 
     store = store or ObjectStoreConfig()
-    deadline = deadline or StoreDeadline(store.timeout_s)
+    budget = deadline or StoreDeadline(store.timeout_s)
     endpoint = (
         store.endpoint_url or setting({}, "AWS_ENDPOINT_URL_S3") or setting({}, "AWS_ENDPOINT_URL")
     )
@@ -84,8 +86,8 @@ def make_client(
     if store.anonymous:
         options["signature_version"] = UNSIGNED
     config = Config(
-        connect_timeout=deadline.connect_timeout,
-        read_timeout=deadline.read_timeout,
+        connect_timeout=budget.connect_timeout,
+        read_timeout=budget.read_timeout,
         # 3 attempts in all (botocore's max_attempts counts the retries), back-offs of 1-2 s
         retries={"max_attempts": 2, "mode": "standard"},
         max_pool_connections=max_pool_connections,
@@ -103,8 +105,8 @@ def make_client(
         ) from None
     except bexc.PartialCredentialsError as exc:
         raise AccessDeniedError(_partial(exc)) from None
-    # every request (each attempt of a call, each page of a listing) first checks the budget
-    client.meta.events.register("before-send.s3", _checked(deadline))
+    if deadline is not None:  # every request (each attempt, each page) first checks it
+        client.meta.events.register("before-send.s3", _checked(deadline))
     return client
 
 
