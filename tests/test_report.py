@@ -169,3 +169,32 @@ def test_load_reports_needs_ray():
     assert not ray.is_initialized()
     with pytest.raises(RuntimeError, match="before ray.shutdown"):
         load_reports()
+
+
+def test_a_newer_vllms_unused_weight_predicate_is_honoured_and_none_changes_nothing(
+    monkeypatch, tmp_path
+):
+    """vLLM 0.33 passes ``is_unused_weight`` (most often None) as a third positional argument
+    to the loader's iterator: None streams as before through the library's own path (its
+    report lists the files), a predicate leaves out the tensors it names."""
+    from safetensors.torch import save_file
+    from vllm.config.load import LoadConfig
+    from vllm.model_executor.model_loader import get_model_loader
+
+    from ray_stream_llm.integrations.vllm.loader import stream_weights
+
+    monkeypatch.setenv(REPORT_DIR_ENV, str(tmp_path / "reports"))
+    (tmp_path / "reports").mkdir()
+    model = tmp_path / "model"
+    model.mkdir()
+    tensors = {"w": torch.ones(2, 3), "v": torch.zeros(4)}
+    save_file(tensors, str(model / "model.safetensors"))
+    register()
+    loader = get_model_loader(LoadConfig(load_format="runai_streamer"))
+    assert set(dict(loader._get_weights_iterator(str(model), None, None))) == {"w", "v"}
+    [report] = [json.loads(p.read_text()) for p in (tmp_path / "reports").glob("*.json")]
+    assert report["done"] and report["files"] == [str(model / "model.safetensors")]
+    # a predicate (on a region: a store URI goes to the newer vLLM's own selection)
+    got = dict(stream_weights([str(model / "model.safetensors")], distributed=False,
+                              unused=lambda name: name == "w"))  # fmt: skip
+    assert set(got) == {"v"} and torch.equal(got["v"], tensors["v"])

@@ -33,7 +33,7 @@ import itertools
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ray_stream_llm.files import write_whole
@@ -84,14 +84,16 @@ def register() -> list[str]:
         def _get_weights_iterator(
             self, model_or_path: str, revision: str | None, *args: Any, **kwargs: Any
         ) -> Iterator[tuple[str, Any]]:
-            if args or kwargs:
-                # a newer vLLM's selection of the files a model uses (0.33:
-                # is_unused_weight): vLLM's own iterator over its choice, counted
+            # a newer vLLM's predicate of the weights a model does not use (0.33:
+            # is_unused_weight, passed positionally and most often None)
+            unused = args[0] if args else kwargs.get("is_unused_weight")
+            if unused is not None and region_files(model_or_path) is None:
+                # from the store: vLLM's own selection of the files, counted
                 return counted(
                     super()._get_weights_iterator(model_or_path, revision, *args, **kwargs)
                 )
             files = self._prepare_weights(model_or_path, revision)
-            return stream_weights(files, distributed=self._is_distributed)
+            return stream_weights(files, distributed=self._is_distributed, unused=unused)
 
     class ShardedStreamingLoader(ShardedStateLoader):
         """vLLM's pre-sharded loader; ``runai_streamer_sharded`` streams as above."""
@@ -134,9 +136,12 @@ def _device(distributed: bool) -> str:
     return "cpu"
 
 
-def stream_weights(files: list[str], *, distributed: bool) -> Iterator[tuple[str, Any]]:
+def stream_weights(
+    files: list[str], *, distributed: bool, unused: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, Any]]:
     """The tensors of ``files`` (local paths or store URIs), streamed by the Run:ai
-    streamer: a region's files one at a time as each completes, others in one session."""
+    streamer: a region's files one at a time as each completes, others in one session;
+    without the tensors ``unused`` names (a newer vLLM's weights a model does not use)."""
     from runai_model_streamer import SafetensorsStreamer
 
     from ray_stream_llm.weights.region import region_of_dir, source_of
@@ -151,14 +156,14 @@ def stream_weights(files: list[str], *, distributed: bool) -> Iterator[tuple[str
         if region is None:
             streamer.stream_files(list(files), **options)
             report.planned(int(streamer.total_size))
-            yield from report.count(streamer.get_tensors(), clone=not owned)
+            yield from report.count(streamer.get_tensors(), clone=not owned, unused=unused)
         else:
             report.planned(sum(os.path.getsize(f) for f in files))
             for path in files:
                 source, waited = source_of(path)
                 report.waited(waited)
                 streamer.stream_files([source], **options)
-                yield from report.count(streamer.get_tensors(), clone=not owned)
+                yield from report.count(streamer.get_tensors(), clone=not owned, unused=unused)
     report.finish()
 
 
@@ -202,13 +207,18 @@ class _Report:
         self.state["waited"] += seconds
 
     def count(
-        self, tensors: Iterator[tuple[str, Any]], *, clone: bool
+        self,
+        tensors: Iterator[tuple[str, Any]],
+        *,
+        clone: bool,
+        unused: Callable[[str], bool] | None = None,
     ) -> Iterator[tuple[str, Any]]:
         for name, tensor in tensors:
             self.state["delivered_bytes"] += tensor.numel() * tensor.element_size()
             self.state["tensors"] += 1
             self._flush()
-            yield name, (tensor.clone() if clone else tensor)
+            if unused is None or not unused(name):
+                yield name, (tensor.clone() if clone else tensor)
 
     def finish(self) -> None:
         self.state["done"] = True
