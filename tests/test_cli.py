@@ -5,14 +5,18 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from helpers.janitors import segments_left
+from helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.s3]
 
@@ -248,7 +252,8 @@ def test_run_reads_every_row_and_column_of_the_input_file(suffix, tmp_path):
     """The columns `run` checks before Ray starts (batch.input_columns) and the rows its job
     reads (batch.read_input, the Ray dataset run_batch hands the processor) are the file's,
     as the csv module and pyarrow read it: every row, every column, every value (a quoted
-    comma, a value over two lines, chat messages)."""
+    comma, a value over two lines, chat messages); and the rows reach the job while its
+    actors hold every CPU of the node."""
     import pyarrow as pa
     import ray
 
@@ -262,7 +267,29 @@ def test_run_reads_every_row_and_column_of_the_input_file(suffix, tmp_path):
     ray.init(include_dashboard=False, _temp_dir=temp, num_cpus=2, log_to_driver=False)
     try:
         ds = read_input(path, num_cpus=MAP_NUM_CPUS)
-        batches = list(ds.iter_batches(batch_format="pyarrow", batch_size=None))
+
+        # then the job's actors take every CPU (on 2 CPUs: the engine and the stages): the
+        # rows are read already, nothing of the read waits for a CPU (Ray 2.60's Parquet
+        # reader listed the file in a task asking a whole one, and `run` waited forever)
+        @ray.remote(num_cpus=2)
+        class HoldCPUs:  # the job's engine and stages: it only holds their CPUs
+            def ready(self) -> bool:
+                return True
+
+        holder = HoldCPUs.remote()
+        ray.get(holder.ready.remote(), timeout=60)
+        batches: list = []
+        reading = threading.Thread(
+            target=lambda: batches.extend(ds.iter_batches(batch_format="pyarrow", batch_size=None)),
+            daemon=True,
+        )
+        reading.start()
+        wait_until(
+            lambda: not reading.is_alive(),
+            60,
+            "the rows were not read while the job's actors held every CPU",
+            poll=0.2,
+        )
         got = pa.concat_tables(batches).to_pylist()
     finally:
         ray.shutdown()
@@ -270,3 +297,43 @@ def test_run_reads_every_row_and_column_of_the_input_file(suffix, tmp_path):
     if suffix == ".csv":  # pyarrow's CSV reader types the ids; the csv module keeps text
         got = [{k: str(v) for k, v in row.items()} for row in got]
     assert sorted(got, key=lambda r: r["id"]) == expected
+
+
+@pytest.mark.e2e
+@pytest.mark.engine
+def test_run_answers_a_parquet_file_with_its_progress_shown(s3_server, tiny_models, work):
+    """`run --verbose` on a Parquet file, the one engine job of this file: every row of the
+    file comes out in answers.parquet with its columns, and the progress is shown: the
+    command's own bar (rows), Ray Data's (shown only with --verbose) and Ray's log lines.
+    Quiet, its default, shows neither of Ray's: tests/test_readme.py."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ray_stream_llm.tools.isolated import isolated_env
+
+    path = work / "questions.parquet"
+    pq.write_table(
+        pa.table({"id": [7, 8, 9], "question": ["What is 2+2?", "Say hi.", "Name a color."]}),
+        path,
+    )
+    expected = sorted((r["id"], r["question"]) for r in pq.read_table(path).to_pylist())
+    since = time.time()
+    args = ["run", tiny_models["single"].uri, str(path), "--column", "question", "--verbose"]
+    proc = _cli(
+        [*args, "--output", str(work / "out"), "--max-tokens", "4"],
+        {**isolated_env(work), **s3_server.env()},
+        timeout=600,
+        cwd=work,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    table = pq.read_table(work / "out" / "answers.parquet").to_pylist()
+    assert sorted((r["id"], r["question"]) for r in table) == expected
+    tokens = sum(r["num_generated_tokens"] for r in table)
+    assert f"rows: 3/3  generated tokens: {tokens}" in proc.stdout, proc.stdout
+    bar = proc.stderr.replace("\r", "\n")
+    assert re.search(r"Answering: 100%.*\b3/3\b", bar), bar[-3000:]
+    assert "Running Dataset:" in output, output[-3000:]  # Ray Data's progress
+    assert "Started a local Ray instance" in output, output[-3000:]
+    assert segments_left(since) == []  # the engine's shared memory was released
+    print(f"\nrun --verbose, Parquet: 3/3 rows, {tokens} tokens, {len(output.splitlines())} lines")

@@ -68,15 +68,20 @@ def input_columns(path: Path) -> list[str]:
 
 
 def read_input(path: Path, *, num_cpus: float) -> Any:
-    """The Ray dataset of ``path``'s rows (the reader chosen by its suffix, as
-    :func:`input_columns`'s). ``num_cpus``: each read task's; it reserves a whole CPU by
-    default, and beside the engine and the CPU stages a small machine would never schedule
-    it."""
+    """The rows of ``path`` (the reader chosen by its suffix, as :func:`input_columns`'s),
+    read now, into Ray's object store, before any engine or stage actor starts.
+
+    ``num_cpus``: each read task's; it reserves a whole CPU by default, and beside the
+    engine and the CPU stages a small machine would never schedule it. Read now, because
+    not every task of a read takes that option: Ray 2.60 lists a Parquet file's path in a
+    task of its own (``ListFiles``) that asks one whole CPU; run inside the job, once the
+    actors hold the CPUs, it never ran on a 2-CPU machine (`run` on a Parquet file waited
+    with the engine ready and idle: tests/test_cli.py)."""
     import ray
 
     readers = {".parquet": ray.data.read_parquet, ".csv": ray.data.read_csv}
     reader = readers.get(path.suffix.lower(), ray.data.read_json)
-    return reader(str(path), num_cpus=num_cpus)
+    return reader(str(path), num_cpus=num_cpus).materialize()
 
 
 def parse_engine_kwargs(items: tuple[str, ...]) -> dict[str, Any]:
