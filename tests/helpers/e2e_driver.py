@@ -17,6 +17,8 @@ import threading
 import urllib.request
 from pathlib import Path
 
+from waiting import wait_until  # tests/helpers/waiting.py (this script's directory)
+
 
 def scrape(port: int, seen: dict, stop: threading.Event) -> None:
     """Poll the cluster's Prometheus endpoint; keep the last value of each of our series."""
@@ -33,6 +35,27 @@ def scrape(port: int, seen: dict, stop: threading.Event) -> None:
             if line.startswith("ray_stream_llm_"):
                 series, value = line.rsplit(" ", 1)
                 seen[series] = float(value)
+
+
+def _scraped_all(metrics: dict, reports: list) -> bool:
+    """Whether the scraped series count every one of ``reports``: per model, the engines
+    ready and the weight bytes streamed (recorded with the rest of a report's series)."""
+    seen = dict(metrics)  # the scrape thread replaces values meanwhile
+
+    def total(name: str, model: str) -> float:
+        return sum(
+            v
+            for k, v in seen.items()
+            if k.startswith(f"ray_stream_llm_{name}{{") and f'model="{model}"' in k
+        )
+
+    for model in {r.model for r in reports}:
+        mine = [r for r in reports if r.model == model]
+        if total("engines_ready_total", model) != len(mine):
+            return False
+        if total("weight_bytes_streamed_total", model) != sum(r.weight_bytes or 0 for r in mine):
+            return False
+    return True
 
 
 def main() -> None:
@@ -86,8 +109,19 @@ def main() -> None:
 
             ray.shutdown()
             cluster.shutdown()
-    if spec.get("metrics_port"):
-        threading.Event().wait(3.0)  # one more scrape after the last report
+    if spec.get("metrics_port") and results:
+        # every engine's report is in what Prometheus scraped (workers push their metrics
+        # every second, the scrape polls every second): the job's reports are the last run's
+        reports = results[-1].load_reports
+        wait_until(
+            lambda: _scraped_all(metrics, reports),
+            60,
+            lambda: (
+                f"the scraped metrics never counted {len(reports)} ready engine(s) and "
+                f"their streamed bytes; scraped: {dict(metrics)}"
+            ),
+            poll=0.2,
+        )
     stop.set()
     import ray
 
