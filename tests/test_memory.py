@@ -180,6 +180,93 @@ def test_a_streamer_limit_the_user_chose_is_kept(monkeypatch):
     assert env == {"RUNAI_STREAMER_MEMORY_LIMIT": str(1280 * MiB)}
 
 
+def test_which_ranks_the_streamer_divides_its_limit_among():
+    """runai-model-streamer 0.17 divides RUNAI_STREAMER_MEMORY_LIMIT among an engine's ranks
+    only in its distributed mode: vLLM's 'distributed' option with 'runai_streamer', on
+    NCCL (not vLLM's CPU build) unless RUNAI_STREAMER_DIST says otherwise."""
+    dist = {"load_format": "runai_streamer", "model_loader_extra_config": {"distributed": True}}
+    tp4 = {"tensor_parallel_size": 4}
+    cases = [
+        ({}, False, {}, (1, False)),
+        ({**tp4, "pipeline_parallel_size": 2}, False, {}, (8, False)),
+        ({**tp4, **dist}, False, {}, (4, True)),
+        ({**tp4, **dist}, True, {}, (4, False)),  # the CPU build's gloo: each rank alone
+        ({**tp4, **dist}, True, {"RUNAI_STREAMER_DIST": "1"}, (4, True)),
+        ({**tp4, **dist}, False, {"RUNAI_STREAMER_DIST": "0"}, (4, False)),
+        ({**tp4, **dist, "load_format": "runai_streamer_sharded"}, False, {}, (4, False)),
+        ({**dist}, False, {}, (1, False)),
+    ]
+    for kwargs, cpu_build, env, expected in cases:
+        got = memory.streamer_ranks(kwargs, cpu_build=cpu_build, environ=env)
+        assert got == expected, (kwargs, cpu_build, env, got)
+
+
+def _engine_ring_bytes(value: int, sizes: list[int], ranks: int, splits: bool, monkeypatch) -> int:
+    """The host memory runai-model-streamer 0.17 itself sizes for one engine's rings given
+    RUNAI_STREAMER_MEMORY_LIMIT=``value``: each rank's ring (buffers x buffer size, the
+    streamer's _ring_sizing) for the bytes that rank streams (all of them; a 1/ranks share
+    in distributed mode) under the limit that rank applies (the value itself, or the
+    distributed streamer's rank_memory_limit of it), summed over the ranks."""
+    from runai_model_streamer.distributed_streamer.distributed_streamer import (
+        _distributedStreamer,
+    )
+    from runai_model_streamer.file_streamer.requests_iterator import (
+        FileChunks,
+        _get_memory_mode,
+        _ring_sizing,
+    )
+
+    if splits:
+        monkeypatch.setenv("RUNAI_STREAMER_MEMORY_LIMIT", str(value))  # the streamer reads it
+        divider = _distributedStreamer(None)
+        divider.num_processes_on_node, divider.max_chunk = ranks, max(sizes)
+        per_rank, mine = divider.rank_memory_limit(), sizes[::ranks]
+    else:
+        per_rank, mine = value, sizes
+    chunks = [FileChunks.contiguous(0, "model.safetensors", 0, mine)]
+    buffer_size, buffers = _ring_sizing(_get_memory_mode(per_rank), chunks, per_rank)
+    return ranks * buffer_size * buffers
+
+
+def test_derived_streamer_limit_bounds_the_engines_rings_as_the_streamer_sizes_them(
+    monkeypatch,
+):
+    """The engine's rings together, as the streamer sizes them from the derived value, are
+    a quarter of the engine's share of the limit (within 10%, never above); each rank of a
+    tensor-parallel engine streams with its own ring unless the streamer divides the value
+    (the value before this change gave each rank the engine's whole quarter: 2x-4x)."""
+    # the actor's view: a tensor-parallel engine's ranks each get their part
+    env: dict[str, str] = {}
+    tp2 = {"tensor_parallel_size": 2}
+    levels = [CgroupLevel("/c", 1, 20 * GiB, 0)]
+    assert streamer_memory_limit(tp2, 1, levels=levels, environ=env) == 2560 * MiB
+    assert env == {"RUNAI_STREAMER_MEMORY_LIMIT": str(2560 * MiB)}
+    sizes = [64 * MiB] * 400 + [512 * MiB]  # 25.5 GiB in tensors of 64 MiB, one of 512
+    for budget, engines, ranks, splits in [
+        (64 * GiB, 2, 1, False),
+        (64 * GiB, 2, 2, False),
+        (64 * GiB, 1, 4, False),
+        (64 * GiB, 1, 4, True),
+        (64 * GiB, 1, 8, True),
+    ]:
+        quarter = budget // engines // 4
+        value = derive_streamer_limit(budget, engines, ranks, splits)
+        rings = _engine_ring_bytes(value, sizes, ranks, splits, monkeypatch)
+        assert 0.9 * quarter <= rings <= quarter, (budget, engines, ranks, splits, value, rings)
+        # the value as it was derived before, one engine's quarter whatever the ranks
+        if ranks > 1 and not splits:
+            before = _engine_ring_bytes(quarter, sizes, ranks, splits, monkeypatch)
+            assert before >= ranks * 0.9 * quarter
+    # a rank's part under 1 GiB: one tensor at a time (the streamer's 0), in either mode
+    assert derive_streamer_limit(8 * GiB, 1, 4) == 0  # before: 2 GiB for each of the 4
+    assert derive_streamer_limit(8 * GiB, 1, 4, splits=True) == 0
+    assert _engine_ring_bytes(0, sizes, 4, False, monkeypatch) == 4 * 512 * MiB
+    # the parts in whole MiB; the divided value is the ranks' parts together
+    assert derive_streamer_limit(10 * GiB + 3, 1, 2) == 1280 * MiB
+    assert derive_streamer_limit(10 * GiB + 3, 1, 2, splits=True) == 2560 * MiB
+    assert derive_streamer_limit(10_000 * GiB, 1, 8, splits=True) == memory.STREAMER_DEFAULT
+
+
 def test_cgroup_v2_read_through_mountinfo_and_walked_up(tmp_path):
     """A cgroup v2 tree (its files as the kernel writes them) under a mount named by
     mountinfo: the process's level has no limit, its parent's binds, the root has none."""

@@ -429,31 +429,75 @@ def actor_memory_budget(levels: list[CgroupLevel] | None = None) -> tuple[int, s
     return int(level.limit or 0), f"the cgroup {level.path} ({level.limit_file})", True
 
 
-def derive_streamer_limit(budget: int, engines: int) -> int:
-    """The streamer buffer of one engine given the actor's ``budget`` shared by ``engines``:
-    a quarter of the engine's share; below 1 GiB the streamer's ``0`` (one tensor at a
-    time: always valid, whatever the largest tensor); never above the streamer's default."""
+def streamer_ranks(
+    engine_kwargs: dict[str, Any], *, cpu_build: bool, environ: Any = None
+) -> tuple[int, bool]:
+    """How runai-model-streamer 0.17 applies RUNAI_STREAMER_MEMORY_LIMIT to this engine:
+    (the engine's processes that stream, whether the streamer divides the value among them).
+
+    Each of the engine's ranks (``tensor_parallel_size`` x ``pipeline_parallel_size``
+    processes, taken to be on this node) streams in its own process. Without distributed
+    streaming every one reads the value for itself (``FileStreamer`` sizes its ring from
+    the environment): the engine holds ranks x value. Distributed streaming
+    (``DistributedStreamer.rank_memory_limit``) reads the value as the node's total for
+    the ranks on the node and gives each rank its share (at least its largest tensor). It
+    runs only for ``load_format='runai_streamer'`` with ``model_loader_extra_config
+    ['distributed']`` True, and only where torch.distributed is NCCL on a GPU (the
+    streamer's ``RUNAI_STREAMER_DIST`` default, ``auto``), or anywhere with
+    ``RUNAI_STREAMER_DIST=1``; ``0`` turns it off. vLLM's CPU build (gloo) falls back to
+    every rank on its own; the pre-sharded format never distributes."""
+    env: Any = os.environ if environ is None else environ
+
+    def count(key: str) -> int:
+        try:
+            return max(1, int(engine_kwargs.get(key) or 1))
+        except (TypeError, ValueError):
+            return 1
+
+    ranks = count("tensor_parallel_size") * count("pipeline_parallel_size")
+    extra = engine_kwargs.get("model_loader_extra_config")
+    asked = (
+        isinstance(extra, dict)
+        and extra.get("distributed") is True
+        and engine_kwargs.get("load_format") == "runai_streamer"
+    )
+    mode = str(env.get("RUNAI_STREAMER_DIST") or "auto")
+    splits = asked and ranks > 1 and (mode == "1" or (mode == "auto" and not cpu_build))
+    return ranks, splits
+
+
+def derive_streamer_limit(budget: int, engines: int, ranks: int = 1, splits: bool = False) -> int:
+    """RUNAI_STREAMER_MEMORY_LIMIT for one engine given the actor's ``budget`` shared by
+    ``engines``: the engine's streamer buffers together take a quarter of the engine's
+    share. Each of its ``ranks`` streaming processes gets an equal part (whole MiB); below
+    1 GiB a part is the streamer's ``0`` (one tensor at a time: always valid, whatever the
+    largest tensor). The value is that part where each process reads it for itself, the
+    ranks' parts together where the streamer divides it among them (``splits``, its
+    distributed mode, :func:`streamer_ranks`); never above the streamer's default."""
+    ranks = max(1, ranks)
     share = budget // max(1, engines)
-    limit = int(share * STREAMER_SHARE) >> 20 << 20
-    if limit < STREAMER_FLOOR:
+    part = int(share * STREAMER_SHARE) // ranks >> 20 << 20
+    if part < STREAMER_FLOOR:
         return 0
-    return min(limit, STREAMER_DEFAULT)
+    return min(part * ranks if splits else part, STREAMER_DEFAULT)
 
 
 def streamer_memory_limit(
     engine_kwargs: dict[str, Any],
     engines_per_node: int = 1,
     *,
+    cpu_build: bool = False,
     levels: list[CgroupLevel] | None = None,
     environ: dict[str, str] | None = None,
 ) -> int | None:
     """In the engine actor, before vLLM starts: when the user set no streamer
     ``memory_limit`` (``model_loader_extra_config`` or RUNAI_STREAMER_MEMORY_LIMIT), one
     derived from the actor's memory (:func:`actor_memory_budget`; a cgroup limit is
-    divided among ``engines_per_node``), written to RUNAI_STREAMER_MEMORY_LIMIT of
-    ``environ`` (the actor's environment, which the engine's processes inherit and the
-    load report's streamer settings show). Returns it, or None when the user chose or
-    nothing bounds the actor."""
+    divided among ``engines_per_node``) as the streamer will apply it to the engine's
+    ranks (:func:`streamer_ranks`, :func:`derive_streamer_limit`), written to
+    RUNAI_STREAMER_MEMORY_LIMIT of ``environ`` (the actor's environment, which the
+    engine's processes inherit and the load report's streamer settings show). Returns it,
+    or None when the user chose or nothing bounds the actor."""
     env: Any = os.environ if environ is None else environ
     if _user_streamer_limit(engine_kwargs) is not None or env.get(STREAMER_LIMIT_ENV):
         return None
@@ -462,13 +506,18 @@ def streamer_memory_limit(
         return None
     amount, source, shared = budget
     engines = max(1, engines_per_node) if shared else 1
-    limit = derive_streamer_limit(amount, engines)
+    ranks, splits = streamer_ranks(engine_kwargs, cpu_build=cpu_build, environ=env)
+    limit = derive_streamer_limit(amount, engines, ranks, splits)
     env[STREAMER_LIMIT_ENV] = str(limit)
+    per_process = limit // ranks if splits else limit
     logger.info(
-        "Streamer CPU buffer: RUNAI_STREAMER_MEMORY_LIMIT=%d (%s; %s of %s for %d "
-        "engine(s)); set model_loader_extra_config['memory_limit'] to choose",
+        "Streamer CPU buffer: RUNAI_STREAMER_MEMORY_LIMIT=%d (%s per streaming process, "
+        "%d process(es) of the engine%s; %s of %s for %d engine(s)); set "
+        "model_loader_extra_config['memory_limit'] to choose",
         limit,
-        "one tensor at a time" if limit == 0 else _gib(limit),
+        "one tensor at a time" if limit == 0 else _gib(per_process),
+        ranks,
+        ", the streamer divides it" if splits else "",
         source,
         _gib(amount),
         engines,

@@ -76,7 +76,9 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
             uri_text = plan.model
             # the streamer's CPU buffer bounded by the actor's memory, unless the user chose
             memory.streamer_memory_limit(
-                engine_kwargs, memory.engines_per_node(plan.sharing.engine_resources)
+                engine_kwargs,
+                memory.engines_per_node(plan.sharing.engine_resources),
+                cpu_build=on_cpu,
             )
             fetched = fetch_metadata_report(plan.uri)
             engine_kwargs = dict(engine_kwargs)
