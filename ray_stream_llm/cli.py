@@ -493,7 +493,7 @@ def demo(workdir: str | None) -> None:
 )
 @click.option(
     "--suite",
-    type=click.Choice(["cold-start", "sharing", "warm", "cluster", "all"]),
+    type=click.Choice(["cold-start", "sharing", "warm", "cluster", "copy", "all"]),
     default="cold-start",
     show_default=True,
     help="cold-start: streamed vs downloaded, streamer vs ceiling, metadata fetch; sharing: "
@@ -501,7 +501,9 @@ def demo(workdir: str | None) -> None:
     "100 MiB/s link; warm: vLLM's default (compiling) start cold, on a warm node and on a "
     "fresh node with the compile cache shipped through the store, 1 and 2 engines; "
     "cluster: three Ray nodes pulling per node vs filling from each other (peers), one "
-    "engine and TP=2 from the store vs the node's region, behind one 100 MiB/s link.",
+    "engine and TP=2 from the store vs the node's region, behind one 100 MiB/s link; "
+    "copy: one engine's weight phase from the node's region beside one fresh process "
+    "copying the same bytes from a tmpfs into fresh memory, and their ratio.",
 )
 @click.option(
     "--layers",
@@ -523,7 +525,8 @@ def bench(
     ceiling, metadata fetch of 1/10/100-shard models (--suite cold-start); node sharing
     with 1 and 2 engines behind a capped link (--suite sharing); warm starts (--suite
     warm); where each engine's weights come from on three nodes, one engine and TP=2
-    (--suite cluster); prints a table.
+    (--suite cluster); the region's weight phase beside a plain copy of the same bytes
+    (--suite copy); prints a table.
 
     Uses a local S3 server and a generated random-weight model of about 1 GiB
     (cached). Takes a few minutes per run on 2 CPUs.
@@ -541,7 +544,8 @@ def bench(
 
     root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="rsl-bench-", dir="/tmp"))
     try:
-        suites = ("cold-start", "sharing", "warm", "cluster") if suite == "all" else (suite,)
+        every = ("cold-start", "sharing", "warm", "cluster", "copy")
+        suites = every if suite == "all" else (suite,)
         result = run_cpu_benchmarks(
             root,
             repeat=repeat,

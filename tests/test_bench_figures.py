@@ -249,3 +249,48 @@ def test_a_real_run_meets_the_default_targets_and_a_missed_one_is_named():
     assert check_thresholds(result, {"RSL_BENCH_MIN_COLD_START_SPEEDUP": "2"}) == [
         f"cold_start.speedup = {speedup:.4g} is below RSL_BENCH_MIN_COLD_START_SPEEDUP=2"
     ]
+
+
+def test_the_copy_suite_puts_the_regions_weight_phase_over_a_plain_copy():
+    """--suite copy: the engine's weight phase from the region (less its wait for the pull)
+    over one process's copy of the same bytes; each run says where it was measured; a run
+    whose engine did not stream from the region is refused, not compared."""
+    from ray_stream_llm.tools import bench_copy
+
+    report = {
+        "weight_sharing": "node",
+        "stream_seconds": 2.5,
+        "weight_wait_seconds": 0.5,
+        "streamed_tensor_bytes": 2**30,
+    }
+    got = bench_copy.figures(report, {"seconds": 0.25, "bytes": 2**30, "tensors": 10})
+    assert (got["weight_seconds"], got["weight_wait_seconds"]) == (2.0, 0.5)
+    assert (got["copy_gib_per_s"], got["weight_over_copy"]) == (4.0, 8.0)
+    assert got["where"].startswith("measured here: ")
+    runs = [{"copy": {**got, "weight_over_copy": x}} for x in (8.0, 6.0, 12.0)]
+    result = BenchResult(runs=runs, environment={"cpus": 2})
+    assert result.series()["copy.weight_over_copy"] == ([8.0, 6.0, 12.0], "x", "LATENCY")
+    table = bench.format_table(result)
+    assert "copy.weight_over_copy" in table and f"(copy.*: {got['where']})" in table
+    with pytest.raises(RuntimeError, match="did not stream from the node's region"):
+        bench_copy.figures({**report, "weight_sharing": "off: too big"}, {"seconds": 1.0})
+
+
+def test_the_copy_process_copies_every_tensor_of_the_files(tmp_path):
+    """The copy runs in a fresh process from tmpfs copies of the files, which it removes:
+    the bytes it copied are the files' tensor bytes, every tensor counted."""
+    import torch
+    from helpers.models import tensor_bytes
+    from safetensors.torch import save_file
+
+    from ray_stream_llm.tools import bench_copy
+
+    files = []
+    for k in range(2):
+        tensors = {f"w{k}.{i}": torch.randn(64, 32 + i) for i in range(5)}
+        files.append(tmp_path / f"model-{k}.safetensors")
+        save_file(tensors, str(files[-1]))
+    tmpfs = tmp_path / "shm"
+    got = bench_copy.copy_in_fresh_process(files, tmpfs)
+    assert got["bytes"] == sum(tensor_bytes(f) for f in files) and got["tensors"] == 10
+    assert got["seconds"] > 0 and list(tmpfs.iterdir()) == []

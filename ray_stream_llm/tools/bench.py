@@ -474,6 +474,11 @@ def _figures(run: dict[str, Any]) -> list[tuple[str, float, str, str]]:
             value = result[name]
             if not (isinstance(value, float) and math.isnan(value)):
                 rows.append((f"warm.{key}.{name}", float(value), unit, kind))
+    if copied := run.get("copy"):  # tools/bench_copy.py
+        from ray_stream_llm.tools.bench_copy import COPY_FIGURES
+
+        for name, unit, kind in COPY_FIGURES:
+            rows.append((f"copy.{name}", float(copied[name]), unit, kind))
     for key, result in run.get("cluster", {}).items():  # tools/bench_cluster.py
         for name, unit, kind in CLUSTER_FIGURES:
             value = result[name]
@@ -542,6 +547,7 @@ class BenchStore:
     model_shards: int
     metadata_uris: dict[str, str]
     port: int | None = None  # the local server's S3 port (the node-sharing link proxies it)
+    model_dir: Path | None = None  # the model's files on this machine (the copy suite)
 
 
 @contextlib.contextmanager
@@ -581,6 +587,7 @@ def local_bench_store(
                 model_shards=shards,
                 metadata_uris=uris,
                 port=server.port,
+                model_dir=model_dir,
             )
 
 
@@ -595,7 +602,8 @@ def run_all(
     suites: Sequence[str] = ("cold-start",),
 ) -> BenchResult:
     """The benchmarks of ``suites`` ("cold-start": cold start, throughput and metadata
-    fetch; "sharing": node sharing, tools/bench_sharing.py) ``repeat`` times."""
+    fetch; "sharing": node sharing, tools/bench_sharing.py; "copy": the region beside a
+    plain copy, tools/bench_copy.py) ``repeat`` times."""
     runs = []
     for k in range(1, repeat + 1):
         run: dict[str, Any] = {}
@@ -633,6 +641,20 @@ def run_all(
             progress(f"Run {k}/{repeat}: three nodes, one engine, TP=2 (capped link) ...")
             run["cluster"] = cluster(
                 store.model_uri, store.env, store.port, workdir / f"run-{k}", progress=progress
+            )
+        if "copy" in suites:
+            from ray_stream_llm.tools.bench_copy import region_and_copy
+
+            if store.model_dir is None:
+                raise ValueError("the copy benchmark needs the model's files on this machine")
+            progress(f"Run {k}/{repeat}: the region's weight phase and one process's copy ...")
+            run["copy"] = region_and_copy(
+                store.model_uri,
+                store.model_dir,
+                store.env,
+                workdir / f"run-{k}",
+                num_cpus=num_cpus,
+                progress=progress,
             )
         runs.append(run)
     return BenchResult(runs=runs, environment=environment(store))
@@ -751,6 +773,9 @@ def format_table(result: BenchResult) -> str:
     model = result.environment.get("model")
     where = f"model {model['bytes'] / GIB:.2f} GiB in {model['shards']} shards; " if model else ""
     lines.append(f"({len(result.runs)} run(s); {where}{result.environment['cpus']} CPUs)")
+    places = sorted({run["copy"]["where"] for run in result.runs if "copy" in run})
+    if places:  # each run's copy figures say where they were measured
+        lines.append("(copy.*: " + "; ".join(places) + ")")
     return "\n".join(lines)
 
 
