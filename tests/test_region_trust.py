@@ -473,9 +473,7 @@ def test_a_region_refused_when_its_pull_starts(
 ):
     """Another model's region took the room between the region's making and its pull:
     'auto' engines stream each file from the store instead, 'node' fails by the sizes."""
-    from runai_model_streamer import SafetensorsStreamer
-
-    from ray_stream_llm.integrations.vllm.plugin import _measured
+    from ray_stream_llm.integrations.vllm.loader import stream_weights
 
     real = node_weights.memory_problem
 
@@ -496,9 +494,7 @@ def test_a_region_refused_when_its_pull_starts(
             wait_for(str(region / first))
     else:
         monkeypatch.delenv("RAY_STREAM_LLM_LOAD_REPORT_DIR", raising=False)
-        with _measured(SafetensorsStreamer)() as streamer:
-            streamer.stream_files([str(region / first)])
-            got = {name: tensor.clone() for name, tensor in streamer.get_tensors()}
+        got = dict(stream_weights([str(region / first)], distributed=False))  # the loader's
         expected = load_file(str(model.local / first))
         assert set(got) == set(expected)
         assert all(torch.equal(got[k], expected[k]) for k in expected)
