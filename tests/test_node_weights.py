@@ -63,9 +63,10 @@ def test_each_weight_source_gives_vllm_its_weights_and_lets_go(
     s3_server, s3_env, tiny_models, base
 ):
     """The engine actor's view (weights.source): without sharing, the store's URI and each
-    file's size; with it, the node's region, prepared whole (the files equal the store's),
-    its pull's status, and gone once released; a region the pull gave up ('auto') hands the
-    engine over to the store, saying why."""
+    file's size; with it, the node's region, whose files the loader streams (its marker's
+    list, each once complete, equal to the store's), its pull's status, and gone once
+    released; a region the pull gave up ('auto') hands the engine over to the store, saying
+    why."""
     from ray_stream_llm.weights import source
 
     model = copy_model(s3_server, tiny_models["sharded"], "sources")
@@ -79,9 +80,12 @@ def test_each_weight_source_gives_vllm_its_weights_and_lets_go(
     shared = source.acquire(uri, fetched, Sharing("node", base=str(base)))
     region = Path(shared.model_weights)
     assert (region.parent.parent, shared.sharing, shared.fills_while_read) == (base, "node", True)
-    assert shared.prepare(whole=True) is shared  # every file complete on return
-    for o in fetched.weight_objects:
-        assert (region / o.path).read_bytes() == (model.local / o.path).read_bytes()
+    assert shared.prepare() is shared
+    files = node_weights.planned_files(region)  # what the loader streams, file by file
+    assert files == [str(region / o.path) for o in fetched.weight_objects]
+    for path in files:
+        node_weights.wait_for(path, timeout=120)
+        assert Path(path).read_bytes() == (model.local / Path(path).name).read_bytes()
     assert shared.sizes() == {str(region / o.path): o.size for o in fetched.weight_objects}
     assert shared.pull()["bytes"] == sum(o.size for o in fetched.weight_objects)
     shared.release()
