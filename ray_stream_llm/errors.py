@@ -114,3 +114,18 @@ class ShardWriteError(RayStreamLLMError, RuntimeError):
     """The engine of ``ray-stream-llm shard`` saved rank files that cannot be the model
     (other ranks than asked, or far fewer bytes than the source's weights); nothing was
     marked complete. The message names the sizes."""
+
+
+class AdapterNotFoundError(ModelNotFoundError):
+    """``dynamic_lora_loading_path`` holds no adapter sub-folders (a wrong prefix, or the
+    prefix of one adapter instead of their parent), or a row names an adapter not there."""
+
+
+class InvalidAdapterError(RayStreamLLMError, ValueError):
+    """A LoRA adapter under ``dynamic_lora_loading_path`` cannot be served: no or broken
+    ``adapter_config.json``, no weights, or a rank above the engine's ``max_lora_rank``."""
+
+
+class AdapterBaseMismatchError(InvalidAdapterError):
+    """A LoRA adapter records another base model (``base_model_name_or_path``) than the
+    model the processor serves."""

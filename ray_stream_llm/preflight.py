@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig, streaming_load_format
 from ray_stream_llm.fetch import fetch_metadata_report
+from ray_stream_llm.lora import check_adapters
 from ray_stream_llm.manifest import inspect_model
 from ray_stream_llm.uri import looks_like_uri, parse_model_uri
 
@@ -16,8 +17,11 @@ from ray_stream_llm.uri import looks_like_uri, parse_model_uri
 def preflight(config: StreamingvLLMEngineProcessorConfig) -> str:
     """Fetch the model's metadata on the driver and check the model; return the local
     directory. Typed errors: the store's (missing, denied, unreachable, slow), a missing
-    ``config.json``, and :class:`~ray_stream_llm.errors.NotStreamableError` for what the
-    engines and tokenizers would fail on."""
+    ``config.json``, :class:`~ray_stream_llm.errors.NotStreamableError` for what the
+    engines and tokenizers would fail on, and, with ``dynamic_lora_loading_path``, the
+    adapters' errors (:func:`ray_stream_llm.lora.check_adapters`: a prefix with no adapter,
+    an adapter without ``adapter_config.json`` or made for another base model), read from
+    the same store with the same settings."""
     uri = parse_model_uri(config.model_source)
     store = config.object_store
     # The metadata fetch first (Ray's builder gets the local directory, where it would
@@ -37,4 +41,13 @@ def preflight(config: StreamingvLLMEngineProcessorConfig) -> str:
     tokenizer = config.engine_kwargs.get("tokenizer")
     if looks_like_uri(tokenizer):
         fetch_metadata_report(tokenizer, object_store=store)
+    lora_path = getattr(config, "dynamic_lora_loading_path", None)
+    if lora_path is not None:
+        check_adapters(
+            lora_path,
+            uri,
+            engine_kwargs=config.engine_kwargs,
+            object_store=store,
+            metadata_dir=driver_dir,
+        )
     return str(driver_dir)

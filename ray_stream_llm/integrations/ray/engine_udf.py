@@ -7,6 +7,7 @@ the load. Imported only in the engine actor and by the driver's build: it import
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import shutil
@@ -31,6 +32,7 @@ from ray_stream_llm.integrations.vllm.shm import (
     spawn_janitor,
 )
 from ray_stream_llm.integrations.vllm.stream_watch import StreamWatcher, from_streamer, root_cause
+from ray_stream_llm.lora import fetch_adapter
 from ray_stream_llm.plan import Plan
 from ray_stream_llm.redact import redact
 from ray_stream_llm.reports import build_report
@@ -160,7 +162,44 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
             if compile_cache_uri and compile_key:  # what this engine compiled, for other nodes
                 for artifact in compile_store.compiled_dirs(records):
                     compile_store.ship(compile_cache_uri, compile_key, artifact, None)
+            lora_path = kwargs.get("dynamic_lora_loading_path")
+            if plan is not None and lora_path:
+                self._serve_adapters(lora_path, plan.model)
             return
+
+    def _serve_adapters(self, lora_path: str, base: str) -> None:
+        """Ray's per-row adapter lookup (``_maybe_get_lora_request`` of its engine wrapper),
+        with each adapter fetched once, when a row first names it, by this library's store
+        client with the settings this actor's environment holds (the job's
+        ``ObjectStoreConfig``), into this engine's own directory (removed with it). A row
+        whose ``model`` is the model's URI, or that has none, is the base model."""
+        wrapper = self.llm
+        root = os.path.join(self._rpc_dir, "lora")  # the janitor removes it however we end
+        os.makedirs(root, exist_ok=True)
+        lock = asyncio.Lock()
+        loaded: dict[str, Any] = {}
+        base_names = {wrapper.model, base}
+
+        async def lora_request(row: dict[str, Any]) -> Any:
+            name = row.get("model")
+            if name is None or name in base_names:
+                return None
+            async with lock:
+                if name not in loaded:
+                    from vllm.lora.request import LoRARequest
+
+                    try:
+                        path = await asyncio.to_thread(fetch_adapter, lora_path, name, root)
+                    except RayStreamLLMError as exc:
+                        store_failure(exc)  # for ray_stream_llm.typed_errors() on the driver
+                        raise
+                    logger.info("LoRA adapter %r fetched from %s to %s", name, lora_path, path)
+                    loaded[name] = LoRARequest(
+                        lora_name=name, lora_int_id=len(loaded) + 1, lora_path=str(path)
+                    )
+            return loaded[name]
+
+        wrapper._maybe_get_lora_request = lora_request
 
     def _release_weights(self) -> None:
         weights, self._weights = self._weights, None
