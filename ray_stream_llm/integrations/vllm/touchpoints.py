@@ -86,6 +86,8 @@ TOUCHPOINTS: tuple[TouchPoint, ...] = (
         _ML, "ShardedStateLoader.iterate_over_files", _LOADER, ("self", "paths"), exact=True
     ),
     TouchPoint(_ML, "ShardedStateLoader.load_config", _LOADER, instance=True),
+    # overridden on both loaders (weight_checksums): vLLM's model, once loaded
+    TouchPoint(_ML, "BaseModelLoader.load_model", _LOADER, ("self",)),
     TouchPoint("vllm.plugins", "load_general_plugins", _PLUGIN, contains=("general_plugins",)),
     TouchPoint("vllm.platforms", "current_platform", _LOADER),
     TouchPoint("vllm.platforms.interface", "Platform.is_cuda_alike", _LOADER, ("self",)),
@@ -180,6 +182,8 @@ TOUCHPOINTS: tuple[TouchPoint, ...] = (
     TouchPoint("vllm.config", "PoolerConfig", _STAGE),
     TouchPoint("vllm.sampling_params", "StructuredOutputsParams", _STAGE),
     TouchPoint("vllm.inputs", "TextPrompt", _STAGE),
+    # a streamed engine's LoRA request for an adapter it fetched itself (engine_udf)
+    TouchPoint("vllm.lora.request", "LoRARequest", "integrations/ray/engine_udf.py"),
 )
 
 
