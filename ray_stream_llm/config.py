@@ -268,6 +268,15 @@ class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
         "never replaced). A damaged or incompatible artifact gets a warning and vLLM "
         "compiles. None: each node's own cache only.",
     )
+    weight_checksums: bool = Field(
+        default=False,
+        description="Streamed load formats: once its weights are loaded, each engine "
+        "process hashes every parameter it holds (sha256; vLLM's own compute_tensor_digests "
+        "where vLLM has it, 0.32 on, the same formula before) and the engine's load report "
+        "gives, per rank, one digest over them (weight_checksums): engines that hold the "
+        "same bytes report the same digest, whatever they read from (the store, the node's "
+        "copy, a peer's). Costs one pass over the weights per process.",
+    )
     small_cluster_defaults: Literal["auto", "on", "off"] = Field(
         default="auto",
         description="Any load format: 'auto' keeps Ray's stage resources unless the cluster "

@@ -21,6 +21,7 @@ class Plan:
     load_retries: int = 0  # engine starts retried when the weights were the problem
     load_retry_backoff_s: float = 0.0
     compile_cache_uri: str | None = None  # vLLM's compiled artifacts shipped through here
+    weight_checksums: bool = False  # each engine process records what it holds, once loaded
 
     @property
     def model(self) -> str:

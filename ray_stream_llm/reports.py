@@ -67,6 +67,9 @@ class LoadReport:
     # blocks (the slowest rank), and "hit" / "miss" / "load failed: <vLLM's reason>"
     compile_seconds: float | None = None
     compile_cache: str | None = None
+    # weight_checksums=True: per rank, what the engine holds once loaded (its "rank",
+    # "parameters" and one "sha256" over the per-parameter digests: integrations/vllm/checksums)
+    weight_checksums: list[dict[str, Any]] | None = None
 
     @property
     def gib_per_s(self) -> float | None:
@@ -188,6 +191,7 @@ def build_report(
     pull: dict[str, Any] | None = None,
     compile_seconds: float | None = None,
     compile_cache: str | None = None,
+    weight_checksums: list[dict[str, Any]] | None = None,
 ) -> LoadReport:
     """The report of an engine that is ready; ``fetched`` is the actor's metadata fetch,
     ``actor_settings`` the streamer settings in the actor's environment, ``pull`` the
@@ -225,5 +229,6 @@ def build_report(
         ranks=rank_figures(done, sizes) if done else None,
         compile_seconds=compile_seconds,
         compile_cache=compile_cache,
+        weight_checksums=weight_checksums or None,
         **stream_figures(sessions, sizes),
     )

@@ -349,6 +349,7 @@ def build_streaming_processor(
         load_retries=config.load_retries,
         load_retry_backoff_s=config.load_retry_backoff_s,
         compile_cache_uri=config.compile_cache_uri,
+        weight_checksums=config.weight_checksums,
     )
     _swap_udfs(processor, secret_env=secret_env, plan=plan, driver_dir=driver_dir)
     _deliver_env(processor, settings)

@@ -22,7 +22,7 @@ from ray_stream_llm.integrations.ray.engine_stage import engine_stage_shims, vLL
 from ray_stream_llm.integrations.ray.progress import progress_enabled
 from ray_stream_llm.integrations.ray.telemetry import job_id, node_ip, publish, store_failure
 from ray_stream_llm.integrations.ray.udfs import SecretEnv, _prepare, local_metadata
-from ray_stream_llm.integrations.vllm import compile_store, cpu
+from ray_stream_llm.integrations.vllm import checksums, compile_store, cpu
 from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV, collect, figures
 from ray_stream_llm.integrations.vllm.loader import streamer_settings
 from ray_stream_llm.integrations.vllm.plugin import require_plugin
@@ -82,6 +82,8 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
                 memory.engines_per_node(plan.sharing.engine_resources),
                 cpu_build=on_cpu,
             )
+            if plan.weight_checksums:  # vLLM's processes inherit this actor's environment
+                os.environ[checksums.ENV] = "1"
             fetched = fetch_metadata_report(plan.uri)
             engine_kwargs = dict(engine_kwargs)
             engine_kwargs.setdefault("served_model_name", uri_text)
@@ -156,6 +158,7 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
                     actor_settings=streamer_settings(),
                     weight_sharing=self._weights.sharing if self._weights else "off",
                     pull=self._weights.pull() if self._weights else None,
+                    weight_checksums=watcher.checksums,
                     **compiled,
                 )
             )

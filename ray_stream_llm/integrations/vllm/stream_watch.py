@@ -11,7 +11,10 @@ import threading
 from typing import Any
 
 from ray_stream_llm.integrations.ray.progress import ByteProgress
+from ray_stream_llm.integrations.vllm.checksums import PREFIX as CHECKSUM
 from ray_stream_llm.integrations.vllm.plugin import REPORT_DIR_ENV
+
+_KINDS = ("failure-", CHECKSUM)  # the other files' prefixes; the sessions have none
 
 
 class StreamWatcher:
@@ -24,6 +27,7 @@ class StreamWatcher:
         self.progress = progress
         self.sessions: list[dict[str, Any]] = []
         self.failures: list[dict[str, Any]] = []
+        self.checksums: list[dict[str, Any]] = []  # weight_checksums=True: one per rank
         self._stop = threading.Event()
 
     def __enter__(self) -> StreamWatcher:
@@ -39,6 +43,7 @@ class StreamWatcher:
         self._thread.join()
         self.sessions = self._read("")
         self.failures = sorted(self._read("failure-"), key=lambda f: f.get("time", 0.0))
+        self.checksums = sorted(self._read(CHECKSUM), key=lambda c: (c["rank"] or 0, c["pid"]))
         if self._previous is None:
             os.environ.pop(REPORT_DIR_ENV, None)
         else:
@@ -53,10 +58,12 @@ class StreamWatcher:
 
     def _read(self, prefix: str) -> list[dict[str, Any]]:
         """The JSON files of the directory: failures with ``prefix='failure-'``, the
-        streaming sessions with ``prefix=''``."""
+        weight checksums with ``prefix='checksum-'``, the streaming sessions with
+        ``prefix=''``."""
         found = []
         for name in sorted(os.listdir(self._dir)):
-            if not name.endswith(".json") or name.startswith("failure-") != bool(prefix):
+            kind = next((p for p in _KINDS if name.startswith(p)), "")
+            if not name.endswith(".json") or kind != prefix:
                 continue
             try:
                 with open(os.path.join(self._dir, name)) as f:

@@ -85,6 +85,14 @@ TOUCHPOINTS: tuple[TouchPoint, ...] = (
     TouchPoint(
         _ML, "ShardedStateLoader.iterate_over_files", _LOADER, ("self", "paths"), exact=True
     ),
+    # overridden: on a region, the files are awaited before vLLM's glob lists the directory
+    TouchPoint(
+        _ML,
+        "ShardedStateLoader.load_weights",
+        _LOADER,
+        ("self", "model", "model_config"),
+        exact=True,
+    ),
     TouchPoint(_ML, "ShardedStateLoader.load_config", _LOADER, instance=True),
     # overridden on both loaders (weight_checksums): vLLM's model, once loaded
     TouchPoint(_ML, "BaseModelLoader.load_model", _LOADER, ("self",)),
