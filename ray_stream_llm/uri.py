@@ -57,6 +57,14 @@ class ModelURI:
         """The object key of a file given relative to the model directory."""
         return self.prefix + relative
 
+    def object_uri(self, relative: str) -> str:
+        """The URI of a file given relative to the model directory.
+
+        >>> ModelURI("s3", "b", "m/").object_uri("model.safetensors")
+        's3://b/m/model.safetensors'
+        """
+        return f"{self.scheme}://{self.bucket}/{self.key(relative)}"
+
     def relative(self, key: str) -> str:
         """The path of an object key relative to the model directory."""
         if not key.startswith(self.prefix):

@@ -180,7 +180,7 @@ def test_a_cpu_only_node_pulls_nothing(s3_server, s3_env, tiny_models, base, wor
                 self.regions = [str(w.region) for w in udfs._prefetched]
                 for w in udfs._prefetched:  # the pull done: every byte the store served
                     for o in w.objects:
-                        wait_for(str(w.region / o.path))
+                        wait_for(w.region, o.path)
 
             def seen(self):
                 return {

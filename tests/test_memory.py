@@ -86,7 +86,7 @@ def test_a_cgroup_limit_binds_where_the_host_has_plenty():
 
 
 def test_other_regions_count_at_full_size_and_the_kv_cache_counts():
-    """Another model's region, 1 GiB in of 6 GiB (sparse), will take 5 GiB more: 4 GiB of
+    """Another model's region, 1 GiB in of 6 GiB, will take 5 GiB more: 4 GiB of
     weights then do not fit in 9 GiB (they do alone); nor with a 2 GiB KV cache in 6 GiB."""
     view = _view(9 * GiB)
     tmpfs = Tmpfs("/dev/shm", free=64 * GiB, size=64 * GiB)
@@ -297,24 +297,29 @@ def test_cgroup_v2_read_through_mountinfo_and_walked_up(tmp_path):
     assert [lv.limit for lv in cgroup_levels(str(proc))] == [4 * GiB]
 
 
-def test_regions_under_a_base_count_sparse_files_at_full_size(base):
-    """Bytes present and to come of the node's other regions, read from the files: a region
-    half written counts its missing half; one still being made (no marker) and the region
-    excluded (the one being checked) do not count."""
+def test_regions_under_a_base_count_what_their_markers_plan(base):
+    """Bytes present and to come of the node's other regions: the objects each marker plans,
+    less what the whole files (under their names) and the partial ones hold; a file the
+    marker does not list, a region still being made (no marker) and the region excluded
+    (the one being checked) do not count."""
     other = base / "node" / "aaaa"
-    other.mkdir(parents=True)
-    (other / ".created").write_text("{}")
-    with open(other / "model.safetensors", "wb") as f:
-        f.truncate(64 * MiB)
-        f.write(os.urandom(8 * MiB))
+    (other / ".partial").mkdir(parents=True)
+    planned = [
+        {"path": "a.safetensors", "key": "m/a.safetensors", "size": 4 * MiB, "etag": "x"},
+        {"path": "b.safetensors", "key": "m/b.safetensors", "size": 64 * MiB, "etag": "y"},
+        {"path": "c.safetensors", "key": "m/c.safetensors", "size": 16 * MiB, "etag": "z"},
+    ]
+    (other / ".created").write_text(json.dumps({"objects": planned}))
+    (other / "a.safetensors").write_bytes(os.urandom(4 * MiB))  # whole
+    (other / ".partial" / "b.safetensors").write_bytes(os.urandom(8 * MiB))  # on its way
+    (other / "stray.safetensors").write_bytes(os.urandom(MiB))  # not the region's
     making = base / "node" / "bbbb"
     making.mkdir()
-    with open(making / "model.safetensors", "wb") as f:
-        f.truncate(32 * MiB)
+    (making / "model.safetensors").write_bytes(os.urandom(MiB))
     found = regions_under(base)
-    assert (found.count, found.present, found.pending) == (1, 8 * MiB, 56 * MiB)
+    assert (found.count, found.present, found.pending) == (1, 12 * MiB, 72 * MiB)
     assert regions_under(base, exclude=other) == Regions()
-    assert memory.region_present(other) == 8 * MiB
+    assert memory.region_present(other) == 12 * MiB
 
 
 # --- under a real memory cap ------------------------------------------------------------
@@ -402,22 +407,18 @@ CHILD = textwrap.dedent(
         # a region that fit when made; another model's region arrives before its pull starts
         region = base / "local" / "mine"
         region.mkdir(parents=True)
-        (region / ".done").mkdir()
         import dataclasses
         marker = {"uri": str(uri), "objects": [dataclasses.asdict(o) for o in objects(100 * MiB)],
                   "required": True}  # weight_sharing='node': the waiter fails by the sizes
         (region / ".created").write_text(json.dumps(marker))  # as NodeWeights.acquire writes it
-        with open(region / "model.safetensors", "wb") as f:
-            f.truncate(100 * MiB)
         out["mine_alone"] = node_weights.memory_problem(base, 100 * MiB, region=region)
         other = base / "local" / "other"
         other.mkdir()
-        (other / ".created").write_text("{}")
-        with open(other / "model.safetensors", "wb") as f:
-            f.truncate(GiB)
+        planned = [dataclasses.asdict(o) for o in objects(GiB)]  # nothing of it in yet
+        (other / ".created").write_text(json.dumps({"objects": planned}))
         out["started"] = node_weights.start_pull(region, uri, objects(100 * MiB))
         try:
-            node_weights.wait_for(str(region / "model.safetensors"))
+            node_weights.wait_for(region, "model.safetensors")
         except Exception as exc:
             out["waiter"] = f"{type(exc).__name__}: {exc}"
     else:
@@ -449,7 +450,7 @@ def test_memory_problem_sees_a_real_cgroup_cap(capped, base):
     weights are refused naming the cap ('node': WeightSharingError; 'auto': not shared),
     100 MiB fit; 700 MiB written to the tmpfs are charged to the cgroup (after them 300 MiB
     no longer fit); a region that fit when made is refused before its pull starts when
-    another model's region (1 GiB, sparse) arrived meanwhile, and its waiter gets why."""
+    another model's region (1 GiB, none of it in yet) arrived meanwhile, and its waiter gets why."""
     inner = capped(3 * GiB // 2)
     out = _run_capped(inner, base, "check")
     parent = str(inner.parent)

@@ -84,7 +84,7 @@ def test_each_weight_source_gives_vllm_its_weights_and_lets_go(
     files = node_weights.planned_files(region)  # what the loader streams, file by file
     assert files == [str(region / o.path) for o in fetched.weight_objects]
     for path in files:
-        node_weights.wait_for(path, timeout=120)
+        node_weights.wait_for(region, Path(path).name, timeout=120)
         assert Path(path).read_bytes() == (model.local / Path(path).name).read_bytes()
     assert shared.sizes() == {str(region / o.path): o.size for o in fetched.weight_objects}
     assert shared.pull()["bytes"] == sum(o.size for o in fetched.weight_objects)
@@ -109,7 +109,7 @@ def test_one_pull_each_range_once_and_files_equal(s3_server, s3_env, tiny_models
     weights = NodeWeights(uri, objects, Sharing("node", base=str(base)))
     region = Path(weights.acquire())
     for obj in objects:
-        wait_for(str(region / obj.path))
+        wait_for(region, obj.path)
         assert (region / obj.path).read_bytes() == (model.local / obj.path).read_bytes()
     prefix = prefix_of(model.uri)
     gets = log.gets(prefix)
@@ -138,7 +138,7 @@ def test_two_processes_share_one_pull(s3_server, s3_env, tiny_models, base):
                         Sharing("node", base={str(base)!r}))
         region = w.acquire()
         for o in report.weight_objects:
-            wait_for(region + "/" + o.path)
+            wait_for(region, o.path)
         print(region, flush=True)
         sys.stdin.readline()  # hold the reference until told
         w.release()
@@ -214,7 +214,7 @@ def test_a_dead_puller_is_taken_over(s3_server, s3_env, tiny_models, base):
         puller.wait()
         assert not all(node_weights.done(region, o.path) for o in objects)
     for obj in objects:  # the store directly now (the proxy is gone)
-        wait_for(str(region / obj.path), timeout=120)
+        wait_for(region, obj.path, timeout=120)
         assert (region / obj.path).read_bytes() == (model.local / obj.path).read_bytes()
     reader.release()
     _wait_gone(region)
@@ -226,7 +226,7 @@ def test_a_failed_pull_fails_every_waiter_with_the_cause(s3_server, s3_env, tiny
     weights = NodeWeights(uri, objects, Sharing("node", base=str(base)))
     region = Path(weights.acquire())
     with pytest.raises(RuntimeError, match="the shared pull of the weights failed: ") as err:
-        wait_for(str(region / objects[0].path), timeout=60)
+        wait_for(region, objects[0].path, timeout=60)
     assert "ModelNotFoundError" in str(err.value) and objects[0].path in str(err.value)
     weights.release()
     _wait_gone(region)
@@ -287,7 +287,7 @@ def test_two_ray_nodes_pull_once_each_and_clean_up(
                 )
                 self.region = self.weights.acquire()
                 for o in report.weight_objects:
-                    wait_for(f"{self.region}/{o.path}")
+                    wait_for(self.region, o.path)
 
             def where(self):
                 return self.region, ray.get_runtime_context().get_node_id()

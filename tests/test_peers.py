@@ -80,7 +80,7 @@ def _users(cluster, env, uri, base):
             from ray_stream_llm.weights.region import wait_for
 
             for o in self.objects:
-                wait_for(f"{self.region}/{o.path}", timeout=300)
+                wait_for(self.region, o.path, timeout=300)
 
         def done(self):
             self.weights.release()

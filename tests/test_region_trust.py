@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from helpers.links import TappedLink
 from helpers.s3log import copy_model
 from helpers.waiting import wait_until
 from safetensors.torch import load_file
@@ -59,8 +60,8 @@ def test_the_loader_waits_for_each_region_file_named_by_a_relative_path(
     s3_server, s3_env, tiny_models, base, monkeypatch
 ):
     """vLLM's runai_streamer loader, as the plugin registers it, given the region as a
-    relative path while the pull is still on its way: every file is read whole (a file read
-    before its completion mark would be a sparse file's zeros)."""
+    relative path while the pull is still on its way: every file is read whole (each is
+    awaited by its name in the region, where it appears only once whole)."""
     from vllm.config.load import LoadConfig
     from vllm.model_executor.model_loader import get_model_loader
 
@@ -85,6 +86,49 @@ def test_the_loader_waits_for_each_region_file_named_by_a_relative_path(
     for name in names:
         expected.update(load_file(str(model.local / name)))
     assert set(got) == set(expected) and all(torch.equal(got[k], expected[k]) for k in expected)
+
+
+def test_a_region_lists_only_whole_files_and_none_is_sparse(
+    s3_server, s3_env, tiny_models, base, monkeypatch
+):
+    """While the pull goes through a slow link, every weight file the region's directory
+    lists (what any glob of it finds) has its full size and all its bytes in memory (no
+    hole): the bytes still coming are in ``.partial/``, under no name a reader lists. At
+    the end every file is listed, whole and equal to the store's."""
+    model = copy_model(s3_server, tiny_models["sharded"], "whole-only")
+    report = fetch_metadata_report(model.uri)
+    sizes = {o.path: o.size for o in report.weight_objects}
+    assert len(sizes) > 1
+    monkeypatch.setattr(node_weights, "CHUNK", 128 << 10)  # each file in several ranges
+    monkeypatch.setattr(node_weights, "WORKERS", 2)
+    mid_file: set[str] = set()  # files seen part-written and not listed
+
+    def all_listed_whole(region: Path) -> bool:
+        listed = {p.name: p.stat() for p in region.iterdir() if p.is_file()}
+        weights = {n: st for n, st in listed.items() if n.endswith(".safetensors")}
+        for name, st in weights.items():
+            assert st.st_size == sizes[name], (name, st.st_size, sizes[name])
+            assert st.st_blocks * 512 >= st.st_size, (name, st.st_blocks, st.st_size)
+        for name in set(sizes) - set(weights):
+            try:
+                if (region / ".partial" / name).stat().st_size > 0:
+                    mid_file.add(name)
+            except FileNotFoundError:
+                pass  # not started, or renamed since the listing
+        return set(weights) == set(sizes)
+
+    with TappedLink(s3_server.port, rate=256 << 10, burst=64 << 10) as link:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", link.endpoint_url)
+        weights = NodeWeights(parse_model_uri(model.uri), report.weight_objects,
+                              Sharing("node", base=str(base)))  # fmt: skip
+        region = Path(weights.acquire())
+        wait_until(lambda: all_listed_whole(region), 120, "the pull never finished", poll=0.01)
+    assert any(".safetensors" in r for r in link.requests)  # the pull went through the link
+    assert mid_file, "no file was ever seen part-written: the pull was not observed mid-way"
+    for name in sizes:
+        assert (region / name).read_bytes() == (model.local / name).read_bytes()
+    assert not any((region / ".partial").iterdir())
+    weights.release()
 
 
 def test_a_region_is_known_by_its_marker_and_lists_its_planned_files(base, tmp_path):
@@ -148,7 +192,7 @@ def test_nested_safetensors_are_neither_pulled_nor_taken_for_the_model(
                           Sharing("node", base=str(base)))  # fmt: skip
     region = Path(weights.acquire())
     for obj in report.weight_objects:
-        wait_for(str(region / obj.path))
+        wait_for(region, obj.path)
     assert sorted(p.name for p in region.iterdir() if not p.name.startswith(".")) == [
         "model.safetensors"
     ]
@@ -188,7 +232,7 @@ def test_an_object_replaced_mid_pull_fails_by_name_and_is_never_marked_done(
         # another version of the same size lands while the ranges are on their way
         s3_server.put(model.uri + obj.path, os.urandom(obj.size))
         with pytest.raises(RuntimeError) as err:
-            wait_for(str(region / obj.path))
+            wait_for(region, obj.path)
     message = str(err.value)
     assert "ObjectChangedError" in message and repr(obj.path) in message, message
     assert not node_weights.done(region, obj.path)
@@ -206,7 +250,7 @@ def test_a_region_pinned_to_a_listing_the_store_no_longer_has_is_refused(
                           Sharing("node", base=str(base)))  # fmt: skip
     region = Path(weights.acquire())
     with pytest.raises(RuntimeError, match="changed in the store") as err:
-        wait_for(str(region / obj.path))
+        wait_for(region, obj.path)
     assert repr(obj.path) in str(err.value)
     weights.release()
 
@@ -227,13 +271,11 @@ def test_regions_no_live_process_uses_are_swept_at_the_next_start(
     the next region made on the node removes it; one still held is kept."""
     left = base / "old-node-id" / "0123456789abcdef"
     (left / ".refs").mkdir(parents=True)
-    (left / ".done").mkdir()
     (left / ".lock").touch()
     (left / "model.safetensors").write_bytes(b"\0" * 4096)
     (left / ".refs" / "999999999-0").touch()  # a process that is gone
     held = base / "other-node" / "fedcba9876543210"
     (held / ".refs").mkdir(parents=True)
-    (held / ".done").mkdir()
     (held / ".lock").touch()
     start = node_weights._proc_start(os.getpid())
     (held / ".refs" / f"{os.getpid()}-{start}").touch()  # this live process
@@ -491,10 +533,10 @@ def test_a_region_refused_when_its_pull_starts(
     region = Path(weights.acquire())
     if required:
         with pytest.raises(RuntimeError, match="WeightSharingError: .*0.50 GiB"):
-            wait_for(str(region / first))
+            wait_for(region, first)
     else:
         monkeypatch.delenv("RAY_STREAM_LLM_LOAD_REPORT_DIR", raising=False)
-        got = dict(stream_weights([str(region / first)], distributed=False))  # the loader's
+        got = dict(stream_weights([first], distributed=False, region=str(region)))  # the loader's
         expected = load_file(str(model.local / first))
         assert set(got) == set(expected)
         assert all(torch.equal(got[k], expected[k]) for k in expected)

@@ -34,7 +34,7 @@ def _job(uri: str, objects, base: Path, keep_warm_s: float) -> Path:
                           keep_warm_s=keep_warm_s))  # fmt: skip
     region = Path(weights.acquire())
     for obj in objects:
-        wait_for(str(region / obj.path))
+        wait_for(region, obj.path)
     weights.release()
     return region
 

@@ -10,15 +10,17 @@ from ray_stream_llm.files import write_whole
 CREATED = ".created"  # the region's marker: a file of a directory holding it is a region file
 UNSHARED = ".unshared"  # 'auto' gave the region up (it no longer fits): stream the store
 FAILED = ".failed"  # the pull failed: the typed error, for every waiter
+PARTIAL = ".partial"  # the files still being written, renamed to the region once whole
 
 
-def mark(region: Path, name: str) -> Path:
-    """The file that says ``name``'s bytes are all in and its size checked."""
-    return region / ".done" / f"{name}.ok"
+def partial(region: Path, name: str) -> Path:
+    """Where ``name`` is written until every byte is in and checked."""
+    return region / PARTIAL / name
 
 
 def done(region: Path, name: str) -> bool:
-    return mark(region, name).exists()
+    """Whether ``name`` is whole: only a checked file is renamed to its name in the region."""
+    return (region / name).is_file()
 
 
 def progress(region: Path, name: str) -> int:

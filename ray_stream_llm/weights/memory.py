@@ -13,7 +13,8 @@ a tmpfs (``/dev/shm``) count against the cgroup of the process that wrote them. 
 * :func:`memory_view` is the least of the host's available memory and every level's
   headroom (limit - in use), and names which one binds.
 * :func:`regions_under` counts the node's regions already under a base: bytes present
-  and bytes still to come (region files are made sparse at full size; they will fill).
+  and bytes still to come (the objects its marker plans, less what its whole and partial
+  files hold).
 * :func:`memory_problem` says whether one more region fits: its weights, the other
   regions' bytes still to come, the CPU KV cache an engine will reserve and a margin,
   against the tmpfs's free space and the memory view, and names every size.
@@ -25,11 +26,14 @@ a tmpfs (``/dev/shm``) count against the cgroup of the process that wrote them. 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from ray_stream_llm.weights.marks import CREATED, partial
 
 logger = logging.getLogger(__name__)
 
@@ -219,17 +223,32 @@ class Regions:
 
     count: int = 0
     present: int = 0  # bytes written (already in the tmpfs and the cgroups' usage)
-    pending: int = 0  # bytes still to come into files made sparse at full size
+    pending: int = 0  # bytes still to come: the objects planned less the bytes present
 
 
-def _file_bytes(path: Path) -> tuple[int, int]:
-    """(bytes present, bytes still to come) of a region file."""
+def _held(path: Path) -> int:
+    """Bytes of ``path`` in memory (a file being written may have holes: they are not)."""
     try:
         st = path.stat()
     except OSError:
-        return 0, 0
-    present = min(st.st_size, st.st_blocks * 512)
-    return present, st.st_size - present
+        return 0
+    return min(st.st_size, st.st_blocks * 512)
+
+
+def _region_bytes(region: Path) -> tuple[int, int] | None:
+    """(bytes present, bytes still to come) of the region at ``region``, from its marker's
+    objects: a whole file (under its name) is all present, a partial one what it holds;
+    None where it has no readable marker (being made or removed)."""
+    try:
+        objects = json.loads((region / CREATED).read_text())["objects"]
+        sizes = {str(o["path"]): int(o["size"]) for o in objects}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    present = 0
+    for name, size in sizes.items():
+        whole = region / name
+        present += min(size, _held(whole) if whole.is_file() else _held(partial(region, name)))
+    return present, sum(sizes.values()) - present
 
 
 def regions_under(base: Path, exclude: Path | None = None) -> Regions:
@@ -241,26 +260,21 @@ def regions_under(base: Path, exclude: Path | None = None) -> Regions:
         return Regions()
     skip = exclude.resolve() if exclude is not None else None
     for region in regions:
-        if not (region / ".created").exists():
-            continue  # being made (its own check runs now) or being removed
         if skip is not None and region.resolve() == skip:
             continue
+        counted = _region_bytes(region)
+        if counted is None:
+            continue  # being made (its own check runs now) or being removed
         count += 1
-        for path in region.iterdir():
-            if path.is_file() and not path.name.startswith("."):
-                have, missing = _file_bytes(path)
-                present += have
-                pending += missing
+        present += counted[0]
+        pending += counted[1]
     return Regions(count, present, pending)
 
 
 def region_present(region: Path | None) -> int:
-    """Bytes already written into ``region``'s weight files."""
-    if region is None or not region.is_dir():
-        return 0
-    return sum(
-        _file_bytes(p)[0] for p in region.iterdir() if p.is_file() and not p.name.startswith(".")
-    )
+    """Bytes already written into ``region``'s weight files (whole or partial)."""
+    counted = _region_bytes(region) if region is not None else None
+    return counted[0] if counted else 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,8 @@ nodes. The directory gives each node that joins a parent: the earliest node that
 fewer than ``weight_peers`` others and is not below it in the tree (a tree, not a star: a
 node serves while it fills), or none: that node reads the store. The copy goes range by
 range through Ray's object manager; a range is served once the parent has it (its puller
-records each file's contiguous prefix in ``.progress/<name>``), so a node's engines stream
+records the contiguous prefix of each file it writes, ``.partial/<name>``, in
+``.progress/<name>``; a whole file is served from ``<name>``), so a node's engines stream
 while the tree still fills. ``.peer.json`` in each region says where it reads from.
 
 What a peer serves is held to the same checks as the store's bytes: the region's key is
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_stream_llm.files import write_whole
-from ray_stream_llm.weights.marks import CREATED, FAILED, UNSHARED, done, progress
+from ray_stream_llm.weights.marks import CREATED, FAILED, UNSHARED, done, partial, progress
 
 logger = logging.getLogger(__name__)
 
@@ -142,8 +143,9 @@ class Server:
         while True:
             have = progress(self.region, name)
             if have > end or done(self.region, name):
-                with open(self.region / name, "rb") as f:
-                    return os.pread(f.fileno(), end - start + 1, start)
+                data = self._pread(name, start, end)
+                if data is not None:
+                    return data
             for mark in (FAILED, UNSHARED):
                 if (self.region / mark).exists():
                     raise RuntimeError(f"{self.region} cannot serve {name}: its pull stopped")
@@ -154,6 +156,19 @@ class Server:
             elif time.monotonic() - since > STALL_S:
                 raise TimeoutError(f"{self.region}: {name} stuck at {have} bytes for {STALL_S}s")
             time.sleep(POLL_S)
+
+    def _pread(self, name: str, start: int, end: int) -> bytes | None:
+        """The bytes from the whole file, else from the partial one (its prefix has them);
+        None when neither holds them now (renamed or restarted between the looks)."""
+        for path in (self.region / name, partial(self.region, name)):
+            try:
+                with open(path, "rb") as f:
+                    data = os.pread(f.fileno(), end - start + 1, start)
+            except FileNotFoundError:
+                continue
+            if len(data) == end - start + 1:
+                return data
+        return None
 
     def pid(self) -> int:
         return os.getpid()

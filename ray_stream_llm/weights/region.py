@@ -2,21 +2,25 @@
 
 A *region* is a directory under a memory-backed base (``/dev/shm/ray_stream_llm`` by
 default) named for the model's URI, its weight objects (keys, sizes, ETags) and the
-Ray node: ``<base>/<node>/<key>/``. It holds one file per safetensors object, created
-sparse at full size when the region is made (so vLLM's listing finds every name at
-once), a ``.done/<name>.ok`` mark per file whose bytes are all in, ``.refs/`` (one file
-per process using the region), ``.lock`` (the region's lock) and ``.pull.lock`` (held
-by the one process pulling).
+Ray node: ``<base>/<node>/<key>/``. It holds ``.created`` (the region's marker: the model's
+URI and the weight objects, in the order the engines read them), one file per safetensors
+object under its own name once that file is whole, ``.partial/<name>`` for a file still
+being written (with ``.progress/<name>``, its contiguous prefix), ``.refs/`` (one file per
+process using the region), ``.lock`` (the region's lock) and ``.pull.lock`` (held by the
+one process pulling). No file is made before its bytes come, none is sparse.
 
 The pull: the first stage actor or engine of a node that finds files missing takes
 ``.pull.lock`` and reads each object from the store with parallel ranged GETs,
-file by file, writing the ranges in place; a file is marked done when every byte is
-in and its size checked. Engines stream the region's files with the Run:ai streamer
-(local files, memory speed); the vLLM plugin makes each engine wait for shard k's mark
-before it streams shard k, so the first engine streams while the pull goes on. A
-pull that fails writes ``.failed`` (the typed error), which fails every waiting
+file by file, writing the ranges into ``.partial/<name>``; once every byte is in and its
+size (and MD5, where the ETag is one) checked, the file is renamed to ``<name>``, so no
+reader ever sees a file under its name that is still being written. Engines stream the
+region's files with the Run:ai streamer (local files, memory speed); this library's vLLM
+loader takes the files from the marker and waits for each by its name in the region
+(:func:`wait_for`) before it streams it, so the first engine streams while the pull goes
+on. A pull that fails writes ``.failed`` (the typed error), which fails every waiting
 engine (the engine's retry policy then pulls again); a puller that dies releases its
-lock, and a waiting engine takes the pull over. Nothing waits forever.
+lock, and a waiting engine takes the pull over, resuming each partial file from its
+recorded prefix. Nothing waits forever.
 
 Clean-up is reference counted: each process adds ``.refs/<pid>-<start time>`` and
 removes it when done; the last one removes the region. A process that is killed
@@ -59,8 +63,15 @@ from ray_stream_llm.errors import (
 from ray_stream_llm.files import write_whole
 from ray_stream_llm.stores import ObjectInfo, StoreDeadline
 from ray_stream_llm.uri import ModelURI
-from ray_stream_llm.weights.marks import CREATED, FAILED, UNSHARED, done, record_progress
-from ray_stream_llm.weights.marks import mark as _mark
+from ray_stream_llm.weights.marks import (
+    CREATED,
+    FAILED,
+    UNSHARED,
+    done,
+    partial,
+    progress,
+    record_progress,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -153,17 +164,13 @@ def region_of_dir(directory: str | os.PathLike[str]) -> Path | None:
         return None
 
 
-def _region_of(path: str | os.PathLike[str]) -> Path | None:
-    return region_of_dir(os.path.dirname(os.path.realpath(os.path.expanduser(os.fspath(path)))))
-
-
 def planned_files(directory: str | os.PathLike[str]) -> list[str] | None:
     """The weight files of the region at ``directory``, in the order its marker lists them
     (the store's listing the stage actor planned from), or None where it is no region."""
     region = region_of_dir(directory)
     if region is None:
         return None
-    return [str(region / obj.path) for obj in _objects_of(region)]
+    return [str(region / obj.path) for obj in objects_of(region)]
 
 
 def pull_timeout(weight_bytes: int, store_timeout_s: float | None = None) -> float:
@@ -180,9 +187,9 @@ def _marker(region: Path) -> dict[str, Any]:
     return meta
 
 
-def _objects_of(region: Path) -> tuple[ObjectInfo, ...]:
-    """The weight objects a region was made for, as its marker records them."""
-    meta = _marker(region)
+def objects_of(region: str | Path) -> tuple[ObjectInfo, ...]:
+    """The weight objects a region was made for, in the order its marker lists them."""
+    meta = _marker(Path(region))
     return tuple(ObjectInfo(**o) for o in meta["objects"])
 
 
@@ -209,7 +216,6 @@ def _locked(region: Path) -> Iterator[None]:
     """The region's lock, on the region that exists now (re-made if a reaper removed it)."""
     while True:
         (region / ".refs").mkdir(parents=True, exist_ok=True)
-        (region / ".done").mkdir(exist_ok=True)
         fd = os.open(region / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -295,9 +301,6 @@ class NodeWeights:
                     shutil.rmtree(self.region, ignore_errors=True)
                     self._cannot(problem)
                     return None
-                for obj in self.objects:
-                    with open(self.region / obj.path, "wb") as f:
-                        f.truncate(obj.size)  # sparse: costs no memory until written
                 marker = {
                     "uri": str(self.uri),
                     "objects": [dataclasses.asdict(o) for o in self.objects],
@@ -358,7 +361,7 @@ def _keep_warm_s(region: Path) -> float:
 
 def _complete(region: Path) -> bool:
     try:
-        objects = _objects_of(region)
+        objects = objects_of(region)
     except (OSError, ValueError, KeyError, TypeError):
         return False
     return not (region / FAILED).exists() and all(done(region, o.path) for o in objects)
@@ -454,15 +457,17 @@ Read = Callable[[str, int, int], bytes]  # (object path, first byte, last byte) 
 
 
 def _pull_file(uri: ModelURI, obj: ObjectInfo, region: Path, read: Read, pool: Any) -> int:
-    """One object into its region file with parallel ranged reads (the store's GETs pinned
-    to the listed ETag, or a peer's region); the bytes written. Every range is checked for
-    length, the written total against the listing, and the MD5 against the ETag where the
-    ETag is one (hashed in order, while the ranges after it are still arriving). The
-    file's contiguous prefix is recorded as it grows, for the peers it serves."""
-    path = region / obj.path
-    ranges = [(s, min(s + CHUNK, obj.size) - 1) for s in range(0, obj.size, CHUNK)]
+    """One object into ``.partial/<name>`` with parallel ranged reads (the store's GETs
+    pinned to the listed ETag, or a peer's region), renamed to ``<name>`` once whole and
+    checked; the bytes read. Every range is checked for length, the total against the
+    listing, and the MD5 against the ETag where the ETag is one (hashed in order, while the
+    ranges after it are still arriving). The file's contiguous prefix is recorded as it
+    grows, for the peers it serves; a partial file that a dead puller left is resumed from
+    that prefix (hashed again from the file). A file that fails a check is removed."""
+    path = partial(region, obj.path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.md5(usedforsecurity=False) if _md5_of(obj.etag) else None
-    fd = os.open(path, os.O_WRONLY)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
 
     def fetch(span: tuple[int, int]) -> tuple[int, bytes | None]:
         data = read(obj.path, span[0], span[1])
@@ -474,8 +479,13 @@ def _pull_file(uri: ModelURI, obj: ObjectInfo, region: Path, read: Read, pool: A
         wrote = os.pwrite(fd, data, span[0])
         return wrote, data if digest is not None else None
 
-    written = 0
     try:
+        # the prefix a puller before this one wrote and recorded (0 for a new file)
+        written = have = min(progress(region, obj.path), os.fstat(fd).st_size, obj.size)
+        if digest is not None:
+            for offset in range(0, have, CHUNK):
+                digest.update(os.pread(fd, min(CHUNK, have - offset), offset))
+        ranges = [(s, min(s + CHUNK, obj.size) - 1) for s in range(have, obj.size, CHUNK)]
         window: collections.deque[concurrent.futures.Future[tuple[int, bytes | None]]]
         window = collections.deque()
         pending = iter(ranges)
@@ -491,17 +501,24 @@ def _pull_file(uri: ModelURI, obj: ObjectInfo, region: Path, read: Read, pool: A
                 window.append(pool.submit(fetch, span))
     finally:
         os.close(fd)
+    problem: RayStreamLLMError | None = None
     if written != obj.size:
-        raise RayStreamLLMError(
+        problem = RayStreamLLMError(
             f"{obj.path!r} of {str(uri)!r}: {written} bytes written to {path}, the listing said "
-            f"{obj.size}; is {path.parent} full?"
+            f"{obj.size}; is {region} full?"
         )
-    if digest is not None and digest.hexdigest() != _md5_of(obj.etag):
-        raise ObjectChangedError(
+    elif digest is not None and digest.hexdigest() != _md5_of(obj.etag):
+        problem = ObjectChangedError(
             f"{obj.path!r} of {str(uri)!r}: the bytes read have MD5 {digest.hexdigest()}, the "
             f"store's ETag says {obj.etag}; the object is damaged or changed while it was read"
         )
-    return written
+    if problem is not None:  # the next pull starts the file again
+        record_progress(region, obj.path, 0)
+        path.unlink(missing_ok=True)
+        raise problem
+    (region / obj.path).parent.mkdir(parents=True, exist_ok=True)
+    os.rename(path, region / obj.path)  # whole and checked: readers see it from now on
+    return written - have
 
 
 def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock_fd: int) -> None:
@@ -555,7 +572,6 @@ def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock_fd:
         with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
             for obj in missing:  # file by file, its ranges in parallel
                 pulled += _pull_file(uri, obj, region, read, pool)
-                _mark(region, obj.path).write_text(str(obj.size))
         status: dict[str, Any] = {
             "started": started,
             "finished": time.time(),
@@ -641,33 +657,35 @@ def pull_status(region: str | Path) -> dict[str, Any] | None:
     return status
 
 
-def source_of(path: str) -> tuple[str, float]:
-    """In the engine's process: what to stream for the region file ``path`` once it may be
-    read, and the seconds waited: the file itself once complete (:func:`wait_for`), or its
-    object in the store when 'auto' gave the region up before pulling it."""
-    waited = wait_for(path)
-    region = _region_of(path)
-    if region is None or done(region, Path(os.path.realpath(path)).name):
-        return path, waited
-    meta = _marker(region)
-    [key] = [o.key for o in _objects_of(region) if o.path == Path(path).name]
-    uri = str(meta["uri"])
-    scheme_and_bucket = uri.split("/", 3)[:3]  # "s3:", "", "<bucket>"
-    return "/".join(scheme_and_bucket) + "/" + key, waited
+def file_source(region: str | Path, name: str) -> tuple[str, float]:
+    """In the engine's process: what to stream for the weight file ``name`` of ``region``
+    (the directory vLLM was given) once it may be read, and the seconds waited: the whole
+    file (:func:`wait_for`), or its object in the store when 'auto' gave the region up
+    before pulling it (the URI made from the region's marker)."""
+    from ray_stream_llm.uri import parse_model_uri
+
+    region = Path(region)
+    waited = wait_for(region, name)
+    if done(region, name):
+        return str(region / name), waited
+    [obj] = [o for o in objects_of(region) if o.path == name]
+    return parse_model_uri(_marker(region)["uri"]).object_uri(obj.path), waited
 
 
-def wait_for(path: str, timeout: float | None = None) -> float:
-    """In the engine's process: block until the region file ``path`` is complete, or the
-    region was given up for the store (:data:`UNSHARED`, 'auto' only: see
-    :func:`source_of`); seconds waited. Raises when the pull failed or the region is gone;
-    takes the pull over when its puller died. ``timeout``: by default the region's pull
-    timeout (:func:`pull_timeout`)."""
-    region = _region_of(path)
-    if region is None:
-        raise FileNotFoundError(f"{path} is not a file of a shared region (or it was removed)")
-    name = Path(os.path.realpath(path)).name
+def wait_for(region: str | Path, name: str, timeout: float | None = None) -> float:
+    """In the engine's process: block until the weight file ``name`` of ``region`` is
+    whole (under its name), or the region was given up for the store (:data:`UNSHARED`,
+    'auto' only: see :func:`file_source`); seconds waited. Raises when the pull failed or
+    the region is gone; takes the pull over when its puller died. ``timeout``: by default
+    the region's pull timeout (:func:`pull_timeout`)."""
+    region = Path(region)
+    if not (region / CREATED).is_file():
+        raise FileNotFoundError(f"{region} is not a shared region (or it was removed)")
+    objects = objects_of(region)
+    if name not in {o.path for o in objects}:
+        raise FileNotFoundError(f"{name!r} is not a weight file of the shared region {region}")
     if timeout is None:
-        timeout = pull_timeout(sum(o.size for o in _objects_of(region)), _budget(region))
+        timeout = pull_timeout(sum(o.size for o in objects), _budget(region))
     begin = time.monotonic()
     while not done(region, name):
         if (region / UNSHARED).exists():
@@ -680,7 +698,8 @@ def wait_for(path: str, timeout: float | None = None) -> float:
             raise FileNotFoundError(f"the shared region {region} was removed while {name} waited")
         if time.monotonic() - begin > timeout:
             raise TimeoutError(
-                f"{path} not complete after {timeout:.0f}s (the pull's budget for its size)"
+                f"{region / name} not complete after {timeout:.0f}s (the pull's budget for "
+                "its size)"
             )
         if _pull_free(region) and not done(region, name):
             _take_over(region)
@@ -695,7 +714,7 @@ def _take_over(region: Path) -> None:
 
     try:
         meta = _marker(region)
-        objects = _objects_of(region)
+        objects = objects_of(region)
     except (OSError, ValueError, KeyError, TypeError):
         return
     if start_pull(region, parse_model_uri(meta["uri"]), objects):

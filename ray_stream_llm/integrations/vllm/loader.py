@@ -8,9 +8,11 @@ weight loading stay in charge. What they add:
 
 - **A node's shared region, file by file.** When ``model_weights`` is a region (its
   directory holds the region's marker, written by the engine's own stage actor), the files
-  are the ones the marker lists, in that order, and each is streamed once its completion
-  mark is there (:func:`~ray_stream_llm.weights.region.source_of`: or from the store, where
-  ``'auto'`` gave the region up), so a file still being written is never read.
+  are the ones the marker lists, in that order, and each is streamed once it is whole
+  under its name in that directory (:func:`~ray_stream_llm.weights.region.file_source`:
+  or from the store, its URI made from the marker's, where ``'auto'`` gave the region up).
+  The pull renames a file to its name only when it is whole, so nothing can read one that
+  is still being written.
 - **The load report.** Where an engine actor of this library asked for reports
   (``RAY_STREAM_LLM_LOAD_REPORT_DIR``), each streaming session writes ``<pid>-<n>.json``
   there: the files, the bytes planned and delivered, the seconds, the seconds waited for
@@ -38,6 +40,13 @@ from typing import Any
 
 from ray_stream_llm.files import write_whole
 from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV, tensor_parallel_rank
+from ray_stream_llm.weights.region import (
+    file_source,
+    objects_of,
+    planned_files,
+    region_of_dir,
+    wait_for,
+)
 
 # The streamer's tuning, as the streaming process sees it (vLLM applies its
 # model_loader_extra_config to this process's environment before it streams).
@@ -75,7 +84,7 @@ def register() -> list[str]:
         """vLLM's Run:ai loader; a node's region is read file by file as each completes."""
 
         def _prepare_weights(self, model_name_or_path: str, revision: str | None) -> list[str]:
-            planned = region_files(model_name_or_path)
+            planned = planned_files(model_name_or_path)  # a region: its marker's files
             if planned is not None:
                 return planned
             files: list[str] = super()._prepare_weights(model_name_or_path, revision)
@@ -87,8 +96,15 @@ def register() -> list[str]:
             # a newer vLLM's predicate of the weights a model does not use (0.33:
             # is_unused_weight, passed positionally and most often None)
             unused = args[0] if args else kwargs.get("is_unused_weight")
-            if unused is not None and region_files(model_or_path) is None:
-                # from the store: vLLM's own selection of the files, counted
+            region = region_of_dir(model_or_path)
+            if region is not None:  # the marker's files, each awaited by its name
+                return stream_weights(
+                    [o.path for o in objects_of(region)],
+                    distributed=self._is_distributed,
+                    unused=unused,
+                    region=str(region),
+                )
+            if unused is not None:  # from the store: vLLM's own selection of the files
                 return counted(
                     super()._get_weights_iterator(model_or_path, revision, *args, **kwargs)
                 )
@@ -96,7 +112,16 @@ def register() -> list[str]:
             return stream_weights(files, distributed=self._is_distributed, unused=unused)
 
     class ShardedStreamingLoader(ShardedStateLoader):
-        """vLLM's pre-sharded loader; ``runai_streamer_sharded`` streams as above."""
+        """vLLM's pre-sharded loader; ``runai_streamer_sharded`` streams as above. vLLM
+        lists a rank's files with a glob of the directory, which sees a region's files only
+        once they are whole: on a region, every file is awaited before the glob."""
+
+        def load_weights(self, model: Any, model_config: Any) -> None:
+            region = region_of_dir(model_config.model_weights or model_config.model)
+            if region is not None:
+                for obj in objects_of(region):
+                    wait_for(region, obj.path)
+            super().load_weights(model, model_config)
 
         def iterate_over_files(self, paths: list[str]) -> Iterator[tuple[str, Any]]:
             if self.load_config.load_format != "runai_streamer_sharded":
@@ -108,14 +133,6 @@ def register() -> list[str]:
     register_model_loader("runai_streamer_sharded")(ShardedStreamingLoader)
     _registered.extend(LOAD_FORMATS)
     return list(_registered)
-
-
-def region_files(directory: str) -> list[str] | None:
-    """The files of the node's region at ``directory``, as its marker lists them (what the
-    stage actor planned from the store's listing), or None where ``directory`` is no region."""
-    from ray_stream_llm.weights.region import planned_files
-
-    return planned_files(directory)
 
 
 def _owned_tensors() -> bool:
@@ -137,30 +154,35 @@ def _device(distributed: bool) -> str:
 
 
 def stream_weights(
-    files: list[str], *, distributed: bool, unused: Callable[[str], bool] | None = None
+    files: list[str],
+    *,
+    distributed: bool,
+    unused: Callable[[str], bool] | None = None,
+    region: str | None = None,
 ) -> Iterator[tuple[str, Any]]:
     """The tensors of ``files`` (local paths or store URIs), streamed by the Run:ai
-    streamer: a region's files one at a time as each completes, others in one session;
-    without the tensors ``unused`` names (a newer vLLM's weights a model does not use)."""
+    streamer in one session; without the tensors ``unused`` names (a newer vLLM's weights a
+    model does not use). ``region``: the node's region (the directory vLLM was given), and
+    ``files`` the names of its weight files: each is awaited and streamed once whole, one
+    at a time (:func:`~ray_stream_llm.weights.region.file_source`)."""
     from runai_model_streamer import SafetensorsStreamer
 
-    from ray_stream_llm.weights.region import region_of_dir, source_of
-
-    region = region_of_dir(os.path.dirname(files[0])) if files else None
     owned = _owned_tensors()
     options: dict[str, Any] = {"device": _device(distributed), "is_distributed": distributed}
     if owned:
         options["owned"] = True
-    report = _Report(files, shared=region is not None)
+    shown = [os.path.join(region, f) for f in files] if region is not None else files
+    report = _Report(shown, shared=region is not None)
     with SafetensorsStreamer() as streamer:
         if region is None:
             streamer.stream_files(list(files), **options)
             report.planned(int(streamer.total_size))
             yield from report.count(streamer.get_tensors(), clone=not owned, unused=unused)
         else:
-            report.planned(sum(os.path.getsize(f) for f in files))
-            for path in files:
-                source, waited = source_of(path)
+            sizes = {o.path: o.size for o in objects_of(region)}
+            report.planned(sum(sizes[name] for name in files))
+            for name in files:
+                source, waited = file_source(region, name)
                 report.waited(waited)
                 streamer.stream_files([source], **options)
                 yield from report.count(streamer.get_tensors(), clone=not owned, unused=unused)
