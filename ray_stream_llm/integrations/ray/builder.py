@@ -66,6 +66,10 @@ if PrepareMultimodalUDF is not None:  # Ray >= 2.53
 CPU_STAGE_NUM_CPUS = 0.25
 MAP_NUM_CPUS = 0.1
 _RAY_STAGE_CPUS = 1.0  # what Ray Data reserves for a map actor or task that names none
+# A file read or write task around the processor (read_json, write_parquet: Ray Data's
+# default CPU). The actors a small cluster holds leave room for one, else the job stalls
+# before its first row (2 CPUs: "Active & requested resources: 2.75/2 CPU", issue 35)
+FILE_TASK_CPUS = _RAY_STAGE_CPUS
 # How long the rows wait for the engines a job starts with (Ray Data's wait_for_min_actors_s,
 # where the user left it unset): as long as engine starts take (metadata, the node's pull,
 # vLLM's compile; minutes each), bounded so that a cluster that never places them fails
@@ -127,8 +131,8 @@ def resource_defaults(
 
 def _cpu_stage_needs(processor: Processor, engine_cpus: float, engines: int) -> float:
     """CPUs Ray's stage graph reserves before its first row: one actor per CPU stage,
-    the engines it starts with, and one map task."""
-    total = _RAY_STAGE_CPUS + engine_cpus * engines
+    the engines it starts with, one map task and one file read or write task."""
+    total = _RAY_STAGE_CPUS + FILE_TASK_CPUS + engine_cpus * engines
     for stage in processor.stages.values():
         if not _is_engine(stage):
             total += stage.map_batches_kwargs.get("num_cpus") or _RAY_STAGE_CPUS
@@ -181,14 +185,34 @@ def _apply_small_defaults(processor: Processor) -> None:
             setattr(processor, attr, {**given, "num_cpus": MAP_NUM_CPUS})
 
 
-def _place_engines(config: StreamingvLLMEngineProcessorConfig, processor: Processor) -> None:
+def _engine_cpus_left(
+    config: StreamingvLLMEngineProcessorConfig, processor: Processor, cluster: dict[str, float]
+) -> float | None:
+    """The CPUs each engine worker may ask for, when less than one: what the cluster has
+    after the CPU stage actors and one file read or write task (:data:`FILE_TASK_CPUS`),
+    shared by the workers of the engines the job starts with (rounded down to 0.05); None
+    when a whole CPU each fits, or when nothing is left to share (a 1-CPU cluster)."""
+    stages = sum(
+        float(stage.map_batches_kwargs.get("num_cpus") or _RAY_STAGE_CPUS)
+        for stage in processor.stages.values()
+        if not _is_engine(stage)
+    )
+    workers = _workers(config) * _engines(config, least=True)
+    left = (cluster.get("CPU", 0.0) - FILE_TASK_CPUS - stages) / workers
+    share = int(left * 20) / 20
+    return share if 0 < share < 1 else None
+
+
+def _place_engines(
+    config: StreamingvLLMEngineProcessorConfig, processor: Processor, cpus: float = 1
+) -> None:
     """Ray 2.48 (no ``placement_group_config``): each engine asks for its workers' CPUs
-    instead of GPUs."""
+    (``cpus`` each) instead of GPUs."""
     workers = _workers(config)
 
     def on_cpus(kwargs: dict[str, Any]) -> dict[str, Any]:
         kwargs.pop("num_gpus", None)
-        return {**kwargs, "num_cpus": workers}
+        return {**kwargs, "num_cpus": workers * cpus}
 
     _update_engine_map_kwargs(processor, on_cpus)
 
@@ -305,6 +329,17 @@ def _build_ray_graph(
             config.small_cluster_defaults,
         )
         _apply_small_defaults(processor)
+        share = _engine_cpus_left(config, processor, cluster) if engine_on_cpu else None
+        if share is not None:  # the engines' bundles shrink to leave the file task a CPU
+            logger.info("Small cluster: each engine worker reserves %s CPU", share)
+            if HAS_PLACEMENT_GROUP_CONFIG:
+                updates["placement_group_config"] = {
+                    "bundles": cpu.cpu_bundles(_workers(config), share)
+                }
+                processor = ray_builds_with(config.model_copy(update=updates), **kwargs)
+                _apply_small_defaults(processor)
+            else:
+                _place_engines(config, processor, share)
     return processor, engine_on_cpu
 
 

@@ -143,9 +143,9 @@ def engines_on_cpus(*, setting: str, user_placed: bool, gpus: float, gpus_needed
     return setting == "on" or gpus < gpus_needed
 
 
-def cpu_bundles(workers: int) -> list[dict[str, float]]:
-    """The placement group bundles of an engine on CPUs: one CPU per worker."""
-    return [{"CPU": 1}] * workers
+def cpu_bundles(workers: int, cpus: float = 1) -> list[dict[str, float]]:
+    """The placement group bundles of an engine on CPUs: ``cpus`` (one) per worker."""
+    return [{"CPU": cpus}] * workers
 
 
 # The shard writer (ray_stream_llm.commands.shard)
