@@ -165,7 +165,8 @@ test-slow: setup
 # (docs/compatibility.md). The store and fetch tests run on .venv only: the store's packages
 # are checked to be the same versions in the older environments (STORE_PACKAGES). Ray 2.48.0
 # and 2.54.1 have .venv's vLLM: the count of a KV cache token against vLLM's own runs on Ray
-# 2.60 and on vLLM 0.32. Each runs from build/on-wheel: Ray's workers put the driver's working
+# 2.60 and on vLLM 0.32; on vLLM 0.32 the weight checksums are vLLM's own (test_checksums.py, the
+# contract). Each runs from build/on-wheel: Ray's workers put the driver's working
 # directory first on their path, where the repository root would shadow the installed wheel
 # with the checkout (--on-wheel fails a run that imports the checkout).
 T := $(CURDIR)/tests
@@ -191,7 +192,7 @@ test-compat: setup-compat
 	    -m "not compat and not engine" --durations=5 $(call JUNIT,vllm-0.32.0)
 	$(ON_WHEEL) $(CURDIR)/$(VLLM_NEXT)/bin/python -m pytest --on-wheel \
 	    $(T)/test_e2e.py::test_streamed_smollm2_answers_with_no_weights_on_disk \
-	    $(call JUNIT,vllm-0.32.0-e2e)
+	    $(T)/test_checksums.py $(call JUNIT,vllm-0.32.0-e2e)
 
 # The tests that start no server and no Ray (under a minute).
 test-fast: setup

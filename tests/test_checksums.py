@@ -65,3 +65,17 @@ def test_engines_fed_from_the_store_a_region_and_a_peer_hold_the_same_bytes(
     assert answers[0] == answers[1] and sorted(answers[0]) == sorted(SHARDED_QUESTIONS)
     # vLLM's own digests (its compute_weight_checksums()), not the library's stand-in
     assert {c["by"] for checks in held.values() for c in checks} == {"vllm"}, held
+
+
+def test_the_stand_in_for_an_older_vllm_hashes_as_vllm_does():
+    """vLLM 0.29 has no ``compute_tensor_digests``; the library's stand-in gives what vLLM
+    0.32's gives, parameter by parameter (a model of plain and half-precision tensors)."""
+    import torch
+    from vllm.model_executor.model_loader.weight_checksum import compute_tensor_digests
+
+    from ray_stream_llm.integrations.vllm import checksums
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Embedding(5, 3).half())
+    assert checksums.same_formula(model) == compute_tensor_digests(model)
+    assert checksums.digests(model) == (compute_tensor_digests(model), "vllm")

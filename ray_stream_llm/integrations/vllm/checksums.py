@@ -32,20 +32,27 @@ def enabled() -> bool:
 
 def digests(model: Any) -> tuple[dict[str, str], str]:
     """A sha256 per parameter of ``model``, and whose function made them: ``"vllm"``
-    (``compute_tensor_digests``, 0.32 on) or ``"ray_stream_llm"`` (the same formula)."""
+    (``compute_tensor_digests``, 0.32 on) or ``"ray_stream_llm"`` (:func:`same_formula`)."""
     try:
         from vllm.model_executor.model_loader.weight_checksum import compute_tensor_digests
     except ImportError:  # vLLM before 0.32
-        import torch
-
-        return {
-            name: hashlib.sha256(
-                p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()
-            ).hexdigest()
-            for name, p in model.named_parameters()
-        }, "ray_stream_llm"
+        return same_formula(model), "ray_stream_llm"
     found: dict[str, str] = compute_tensor_digests(model)
     return found, "vllm"
+
+
+def same_formula(model: Any) -> dict[str, str]:
+    """vLLM 0.32's digests for a model of plain parameters (no wrapped or shared tensors,
+    which vLLM 0.29's models on this library's path do not have): the sha256 of each
+    parameter's bytes."""
+    import torch
+
+    return {
+        name: hashlib.sha256(
+            p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()
+        ).hexdigest()
+        for name, p in model.named_parameters()
+    }
 
 
 def summary(per_parameter: dict[str, str]) -> str:
