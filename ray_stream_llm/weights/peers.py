@@ -28,6 +28,7 @@ directory), the directory when its last server has left.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -143,9 +144,13 @@ class Server:
         while True:
             have = progress(self.region, name)
             if have > end or done(self.region, name):
-                data = self._pread(name, start, end)
-                if data is not None:
-                    return data
+                whole = done(self.region, name)
+                path = self.region / name if whole else partial(self.region, name)
+                with contextlib.suppress(FileNotFoundError):  # renamed since: look again
+                    with open(path, "rb") as f:
+                        data = os.pread(f.fileno(), end - start + 1, start)
+                    if len(data) == end - start + 1:
+                        return data
             for mark in (FAILED, UNSHARED):
                 if (self.region / mark).exists():
                     raise RuntimeError(f"{self.region} cannot serve {name}: its pull stopped")
@@ -156,19 +161,6 @@ class Server:
             elif time.monotonic() - since > STALL_S:
                 raise TimeoutError(f"{self.region}: {name} stuck at {have} bytes for {STALL_S}s")
             time.sleep(POLL_S)
-
-    def _pread(self, name: str, start: int, end: int) -> bytes | None:
-        """The bytes from the whole file, else from the partial one (its prefix has them);
-        None when neither holds them now (renamed or restarted between the looks)."""
-        for path in (self.region / name, partial(self.region, name)):
-            try:
-                with open(path, "rb") as f:
-                    data = os.pread(f.fileno(), end - start + 1, start)
-            except FileNotFoundError:
-                continue
-            if len(data) == end - start + 1:
-                return data
-        return None
 
     def pid(self) -> int:
         return os.getpid()

@@ -62,7 +62,7 @@ from ray_stream_llm.errors import (
 )
 from ray_stream_llm.files import write_whole
 from ray_stream_llm.stores import ObjectInfo, StoreDeadline
-from ray_stream_llm.uri import ModelURI
+from ray_stream_llm.uri import ModelURI, parse_model_uri
 from ray_stream_llm.weights.marks import (
     CREATED,
     FAILED,
@@ -513,8 +513,9 @@ def _pull_file(uri: ModelURI, obj: ObjectInfo, region: Path, read: Read, pool: A
             f"store's ETag says {obj.etag}; the object is damaged or changed while it was read"
         )
     if problem is not None:  # the next pull starts the file again
-        record_progress(region, obj.path, 0)
-        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # (a region removed meanwhile has no file)
+            record_progress(region, obj.path, 0)
+            path.unlink(missing_ok=True)
         raise problem
     (region / obj.path).parent.mkdir(parents=True, exist_ok=True)
     os.rename(path, region / obj.path)  # whole and checked: readers see it from now on
@@ -662,14 +663,11 @@ def file_source(region: str | Path, name: str) -> tuple[str, float]:
     (the directory vLLM was given) once it may be read, and the seconds waited: the whole
     file (:func:`wait_for`), or its object in the store when 'auto' gave the region up
     before pulling it (the URI made from the region's marker)."""
-    from ray_stream_llm.uri import parse_model_uri
-
     region = Path(region)
     waited = wait_for(region, name)
     if done(region, name):
         return str(region / name), waited
-    [obj] = [o for o in objects_of(region) if o.path == name]
-    return parse_model_uri(_marker(region)["uri"]).object_uri(obj.path), waited
+    return parse_model_uri(_marker(region)["uri"]).object_uri(name), waited
 
 
 def wait_for(region: str | Path, name: str, timeout: float | None = None) -> float:
@@ -710,8 +708,6 @@ def wait_for(region: str | Path, name: str, timeout: float | None = None) -> flo
 def _take_over(region: Path) -> None:
     """The puller died: pull the missing files from this process (the store settings are
     in its environment), pinned to the objects the region was made for."""
-    from ray_stream_llm.uri import parse_model_uri
-
     try:
         meta = _marker(region)
         objects = objects_of(region)
