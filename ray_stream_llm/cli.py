@@ -285,6 +285,16 @@ def fetch_metadata(
     help="Extra vLLM engine argument, e.g. --engine-kwarg max_model_len=4096.",
 )
 @click.option("--verbose", is_flag=True, help="Show Ray's and vLLM's logs and Ray Data's bars.")
+@click.option(
+    "--resume",
+    metavar="LOCATION",
+    default=None,
+    help="Make the job resumable: each batch of answers is recorded in LOCATION (a directory "
+    "every run can reach, or an s3:// prefix in the model's store) as it comes; run the same "
+    "command again after a failure and only the rows not recorded there are answered. Rows are "
+    "keyed by the input's 'id' column (unique values), or, when it has none, by their position "
+    "in the file: then do not change the file between runs.",
+)
 @_store_options
 @_one_line_errors
 def run(
@@ -298,6 +308,7 @@ def run(
     concurrency: int,
     engine_kwargs: tuple[str, ...],
     verbose: bool,
+    resume: str | None,
     endpoint_url: str | None,
     region: str | None,
     anonymous: bool,
@@ -335,6 +346,7 @@ def run(
             object_store=_store(endpoint_url, region, anonymous),
             verbose=verbose,
             progress=progress,
+            resume=resume,
         )
     except InputError as exc:
         raise click.UsageError(str(exc)) from None
@@ -345,6 +357,11 @@ def run(
         f"rows: {result.rows_out}/{result.rows_in}  generated tokens: {result.generated_tokens}"
         f"  seconds: {result.seconds:.1f}  output: {result.output}"
     )
+    if resume is not None:
+        click.echo(
+            f"resumed: {result.rows_resumed} row(s) recorded in {resume} before this run, "
+            f"{result.rows_out - result.rows_resumed} answered now"
+        )
     for k, line in enumerate(result.load_lines, 1):
         click.echo(f"engine {k}: {line}")
     if result.rows_out != result.rows_in:

@@ -31,6 +31,10 @@ class InputError(ValueError):
     """The input file, its column or an option is wrong; the message says which and why."""
 
 
+ID_COLUMN = "id"  # a resumed job's row key, where the input has it
+POSITION_COLUMN = "__row"  # else the row's position in the input (0 for the first row)
+
+
 @dataclasses.dataclass
 class BatchResult:
     rows_in: int
@@ -39,6 +43,7 @@ class BatchResult:
     seconds: float
     output: Path
     load_lines: list[str]
+    rows_resumed: int = 0  # rows a previous run recorded in --resume's location, not asked again
 
 
 def input_columns(path: Path) -> list[str]:
@@ -84,6 +89,107 @@ def read_input(path: Path, *, num_cpus: float) -> Any:
     return reader(str(path), num_cpus=num_cpus).materialize()
 
 
+class ResumeLog:
+    """``run --resume LOCATION``: each batch of answers recorded as one Parquet file in
+    LOCATION (a shared path, or an ``s3://bucket/prefix/`` in the job's store) as soon as
+    it comes out, written whole or not at all (a local file renamed into place; one PUT);
+    a re-run with the same LOCATION reads the keys recorded there and asks only the rest.
+    The key is the input's ``id`` column, else the row's position in the input file."""
+
+    def __init__(self, location: str, object_store: Any = None) -> None:
+        import pyarrow.fs as pafs
+
+        self.location = location
+        if location.startswith("s3://"):  # the model's store settings, as the engines get them
+            from ray_stream_llm.stores.settings import derive_settings
+
+            env = {**os.environ, **derive_settings(object_store).env}
+            options: dict[str, Any] = {}
+            if env.get("AWS_ENDPOINT_URL"):
+                options["endpoint_override"] = env["AWS_ENDPOINT_URL"]
+            if env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"):
+                options["region"] = env.get("AWS_REGION") or env["AWS_DEFAULT_REGION"]
+            if object_store is not None and object_store.anonymous:
+                options["anonymous"] = True
+            elif env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
+                options["access_key"] = env["AWS_ACCESS_KEY_ID"]
+                options["secret_key"] = env["AWS_SECRET_ACCESS_KEY"]
+                options["session_token"] = env.get("AWS_SESSION_TOKEN")
+            self.fs: Any = pafs.S3FileSystem(**options)
+            self.root = location[len("s3://") :].rstrip("/")
+        elif "://" in location:
+            raise InputError(f"--resume {location!r}: give a shared directory or an s3:// prefix")
+        else:
+            self.fs = pafs.LocalFileSystem()
+            self.root = str(Path(location).resolve())
+            Path(self.root).mkdir(parents=True, exist_ok=True)
+
+    def _parts(self) -> list[str]:
+        import pyarrow.fs as pafs
+
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
+        except OSError as exc:
+            raise InputError(f"--resume {self.location!r} cannot be read: {exc}") from None
+        return sorted(
+            i.path for i in infos if i.type == pafs.FileType.File and i.path.endswith(".parquet")
+        )
+
+    def recorded(self) -> Any:
+        """The rows recorded so far, one table (None when there are none)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        tables = [pq.read_table(path, filesystem=self.fs) for path in self._parts()]
+        return pa.concat_tables(tables, promote_options="default") if tables else None
+
+    def record(self, table: Any) -> None:
+        """One batch of answers, as one file, whole or not at all."""
+        import uuid
+
+        import pyarrow.parquet as pq
+
+        name = f"{self.root}/part-{uuid.uuid4().hex}.parquet"
+        if self.location.startswith("s3://"):
+            pq.write_table(table, name, filesystem=self.fs)  # one PUT: all or nothing
+            return
+        partial = f"{self.root}/.{Path(name).name}.partial"
+        pq.write_table(table, partial)
+        os.replace(partial, name)
+
+
+def keyed_input(path: Path) -> tuple[Any, str]:
+    """The rows of ``path`` as one Arrow table (read on the driver, with pyarrow) and their
+    key: ``id`` where the input has it (refused unless unique), else ``__row``, each row's
+    position in the file, added."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+    elif suffix == ".csv":
+        import pyarrow.csv as pcsv
+
+        table = pcsv.read_csv(path)
+    else:
+        import pyarrow.json as pjson
+
+        table = pjson.read_json(path)
+    if ID_COLUMN in table.column_names:
+        if pc.count_distinct(table[ID_COLUMN]).as_py() != table.num_rows:
+            raise InputError(
+                f"--resume: the {ID_COLUMN!r} column of {str(path)!r} repeats a value; give "
+                f"each row its own {ID_COLUMN!r}, or drop the column to key rows by position"
+            )
+        return table, ID_COLUMN
+    return table.append_column(POSITION_COLUMN, pa.array(range(table.num_rows), pa.int64())), (
+        POSITION_COLUMN
+    )
+
+
 def parse_engine_kwargs(items: tuple[str, ...]) -> dict[str, Any]:
     """``KEY=JSON`` items (a value that is not JSON is taken as a string)."""
     kwargs: dict[str, Any] = {}
@@ -111,8 +217,12 @@ def run_batch(
     object_store: Any = None,
     verbose: bool = False,
     progress: Callable[[int, int, int], None] | None = None,
+    resume: str | None = None,
 ) -> BatchResult:
-    """Answer every row of ``input_path``; write ``output/answers.parquet``."""
+    """Answer every row of ``input_path``; write ``output/answers.parquet``. With
+    ``resume`` (a shared directory or an ``s3://`` prefix, :class:`ResumeLog`) each batch is
+    recorded there as it comes, and the rows recorded by an earlier run are not asked
+    again; ``answers.parquet`` holds them all, ordered by their key."""
     start = time.perf_counter()
     if not verbose:  # vLLM's import-time lines on the driver
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -148,6 +258,7 @@ def run_batch(
             "num_input_tokens": int(row.get("num_input_tokens") or 0),
         }
 
+    log = ResumeLog(resume, object_store) if resume is not None else None
     # Before Ray starts: the preflight answers a wrong model in seconds, with no Ray output.
     checked = preflight(config)
     import pyarrow as pa
@@ -175,22 +286,49 @@ def run_batch(
     context.enable_progress_bars = verbose  # ours is the one display when quiet
     if not verbose:  # (ERROR: its "progress bars disabled" warning is about ours)
         logging.getLogger("ray.data").setLevel(logging.ERROR)
-    ds = read_input(input_path, num_cpus=MAP_NUM_CPUS)
-    rows_in = ds.count()
-    tables, rows, tokens = [], 0, 0
+    tables: list[Any] = []
+    rows, tokens, resumed = 0, 0, 0
+    row_key: str | None = None
+    if log is None:
+        ds = read_input(input_path, num_cpus=MAP_NUM_CPUS)
+        rows_in = ds.count()
+    else:
+        import pyarrow.compute as pc
+
+        table, row_key = keyed_input(input_path)
+        rows_in = table.num_rows
+        done = log.recorded()
+        if done is not None and row_key in done.column_names:
+            tables.append(done)
+            resumed = rows = done.num_rows
+            tokens = sum(done.column("num_generated_tokens").to_pylist())
+            seen = done[row_key].combine_chunks().cast(table[row_key].type)
+            table = table.filter(pc.invert(pc.is_in(table[row_key], value_set=seen)))
+        # a block per batch: each batch's answers come out (and are recorded) on their own
+        ds = ray.data.from_arrow(
+            [table.slice(i, batch_size) for i in range(0, table.num_rows, batch_size)] or table
+        )
     if progress is not None:
-        progress(0, rows_in, 0)  # the display starts with the job: its rate is the job's
+        progress(rows, rows_in, tokens)  # the display starts with the job: its rate is the job's
     with typed_errors():
-        for batch in processor(ds).iter_batches(batch_format="pyarrow", batch_size=None):
-            tables.append(batch)
-            rows += batch.num_rows
-            tokens += sum(batch.column("num_generated_tokens").to_pylist())
-            if progress is not None:
-                progress(rows, rows_in, tokens)
+        if log is None or ds.count():
+            for batch in processor(ds).iter_batches(batch_format="pyarrow", batch_size=None):
+                if log is not None:
+                    log.record(batch)
+                tables.append(batch)
+                rows += batch.num_rows
+                tokens += sum(batch.column("num_generated_tokens").to_pylist())
+                if progress is not None:
+                    progress(rows, rows_in, tokens)
     output.mkdir(parents=True, exist_ok=True)
     target = output / "answers.parquet"
     if tables:
-        pq.write_table(pa.concat_tables(tables, promote_options="default"), target)
+        answers = pa.concat_tables(tables, promote_options="default")
+        if row_key is not None:
+            answers = answers.sort_by(row_key)
+            if row_key == POSITION_COLUMN:
+                answers = answers.drop_columns([POSITION_COLUMN])
+        pq.write_table(answers, target)
     lines = [report.log_line() for report in load_reports()]
     ray.shutdown()
-    return BatchResult(rows_in, rows, tokens, time.perf_counter() - start, target, lines)
+    return BatchResult(rows_in, rows, tokens, time.perf_counter() - start, target, lines, resumed)
