@@ -156,7 +156,8 @@ def sharded_job(s3_server: LocalS3Server, tiny_models: dict[str, UploadedModel])
                 # the engine streams from the store itself (the default, 'auto', would share
                 # the node's pull): the unshared control of tests/test_sharing.py, and the
                 # slow store as the engine's streamer meets it for tests/test_faults.py
-                config={"weight_sharing": "off"},
+                # and what the engine holds once loaded (tests/test_sharing.py compares)
+                config={"weight_sharing": "off", "weight_checksums": True},
             )
             bytes_down = proxy.bytes_down
             through_proxy = {"requests": list(proxy.requests), "held": list(proxy.held)}

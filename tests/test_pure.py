@@ -173,6 +173,7 @@ OURS = (
     "keep_warm_s",
     "weight_peers",
     "compile_cache_uri",
+    "weight_checksums",
     "small_cluster_defaults",
 )
 

@@ -8,6 +8,7 @@ ends, whether or not an engine was still waiting."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import stat
@@ -38,6 +39,13 @@ def _reapers() -> list[psutil.Process]:
 def sharded(s3_server, tiny_models):
     """The tiny Llama in four safetensors files, on a prefix of its own."""
     return copy_model(s3_server, tiny_models["sharded"], "user-path")
+
+
+@pytest.fixture(scope="module")
+def unshared_sums(sharded_job) -> list[dict]:
+    """What the control's engine held once loaded (its ``weight_checksums``, one rank)."""
+    [report] = sharded_job["out"]["load_reports"]
+    return list(report["weight_checksums"])
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +92,9 @@ def _through(s3_server, link: Link) -> dict:
     return store_through(s3_server, link.endpoint_url)
 
 
-def test_auto_shares_one_pull_on_the_users_path(s3_server, sharded, unshared_answers, work):
+def test_auto_shares_one_pull_on_the_users_path(
+    s3_server, sharded, unshared_answers, unshared_sums, work
+):
     sizes = {p.name: p.stat().st_size for p in sharded.local.glob("*.safetensors")}
     before = _tmp_entries()
     log = AccessLog(s3_server)
@@ -97,13 +107,21 @@ def test_auto_shares_one_pull_on_the_users_path(s3_server, sharded, unshared_ans
             QUESTIONS,
             max_tokens=SHARDED_MAX_TOKENS,
             object_store=_through(s3_server, link),
-            config={"concurrency": 2},  # weight_sharing="auto", the default
+            # weight_sharing="auto", the default
+            config={"concurrency": 2, "weight_checksums": True},
             num_cpus=4,
             env={"TMPDIR": None, "VLLM_RPC_BASE_PATH": None},  # as a user who never set them
         )
         link_bytes = link.bytes_down
     assert {r["question"]: r["answer"] for r in out["rows"]} == unshared_answers
     reports = out["load_reports"]
+    # what each engine holds once loaded is what the control's engine, streaming the store
+    # itself, holds (a sha256 per parameter: integrations/vllm/checksums.py)
+    held = {json.dumps(r["weight_checksums"]) for r in reports}
+    assert len(held) == 1, held
+    [control] = unshared_sums
+    [[rank]] = [json.loads(h) for h in held]
+    assert (rank["parameters"], rank["sha256"]) == (control["parameters"], control["sha256"])
     assert reports and all(r["weight_sharing"] == "node" for r in reports), reports
     # the region was still filling when an engine came to its weights: it waited, file by
     # file, and read each only once complete (the answers above are the proof it read them)
