@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ray_stream_llm.files import write_whole
+from ray_stream_llm.integrations.vllm import checksums
 from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV, tensor_parallel_rank
 from ray_stream_llm.weights.region import (
     file_source,
@@ -83,6 +84,11 @@ def register() -> list[str]:
     class StreamingLoader(RunaiModelStreamerLoader):
         """vLLM's Run:ai loader; a node's region is read file by file as each completes."""
 
+        def load_model(self, *args: Any, **kwargs: Any) -> Any:
+            model = super().load_model(*args, **kwargs)
+            checksums.record(model)  # weight_checksums=True: what this process holds
+            return model
+
         def _prepare_weights(self, model_name_or_path: str, revision: str | None) -> list[str]:
             planned = planned_files(model_name_or_path)  # a region: its marker's files
             if planned is not None:
@@ -122,6 +128,11 @@ def register() -> list[str]:
                 for obj in objects_of(region):
                     wait_for(region, obj.path)
             super().load_weights(model, model_config)
+
+        def load_model(self, *args: Any, **kwargs: Any) -> Any:
+            model = super().load_model(*args, **kwargs)
+            checksums.record(model)
+            return model
 
         def iterate_over_files(self, paths: list[str]) -> Iterator[tuple[str, Any]]:
             if self.load_config.load_format != "runai_streamer_sharded":
