@@ -41,6 +41,8 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 LORA_SCHEMES = ("s3", "gs")  # what this library and Ray's batch stage both read
 VLLM_DEFAULT_MAX_LORA_RANK = 16  # vLLM 0.29's LoRAConfig.max_lora_rank
+# the values vLLM's LoRAConfig.max_lora_rank accepts (MaxLoRARanks, the same in 0.29 and 0.32)
+VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +73,8 @@ def check_lora_prefix(value: Any) -> ModelURI:
     if uri.scheme not in LORA_SCHEMES:
         raise InvalidSettingError(
             f"{where} is {value!r}: adapters are served from {schemes} only (Ray's engine "
-            f"stage reads no {uri.scheme}:// adapter path); copy the adapters there"
+            f"stage reads no {uri.scheme}:// adapter path); copy the adapter folders to an "
+            f"{' or '.join(f'{s}://' for s in LORA_SCHEMES)} prefix and give that prefix"
         )
     return uri
 
@@ -133,10 +136,14 @@ def check_adapters(
     engine accepts (``max_lora_rank``), and a base model that :func:`base_matches` the model.
     Typed errors name the value and the fix."""
     if not engine_kwargs.get("enable_lora"):
+        state = (
+            f"is {engine_kwargs['enable_lora']!r}"
+            if "enable_lora" in engine_kwargs
+            else "is not set"
+        )
         raise InvalidSettingError(
-            f"dynamic_lora_loading_path is {lora_path!r} but engine_kwargs['enable_lora'] is "
-            f"{engine_kwargs.get('enable_lora')!r}: vLLM would refuse every adapter row; set "
-            "engine_kwargs={'enable_lora': True, ...}"
+            f"dynamic_lora_loading_path is {lora_path!r} but engine_kwargs['enable_lora'] {state}: "
+            "vLLM would refuse every adapter row; set engine_kwargs={'enable_lora': True, ...}"
         )
     prefix = check_lora_prefix(lora_path)
     deadline = StoreDeadline(object_store.timeout_s if object_store is not None else None)
@@ -163,6 +170,7 @@ def check_adapters(
         )
     names = model_names(model_uri, metadata_dir)
     max_rank = int(engine_kwargs.get("max_lora_rank") or VLLM_DEFAULT_MAX_LORA_RANK)
+    rank_source = "" if engine_kwargs.get("max_lora_rank") else " (vLLM's default)"
     adapters = []
     for name in folders:
         where = f"{prefix}{name}/"
@@ -199,9 +207,17 @@ def check_adapters(
             )
         rank = config.get("r")
         if isinstance(rank, int) and not isinstance(rank, bool) and rank > max_rank:
+            fits = [v for v in VLLM_MAX_LORA_RANKS if v >= rank]
+            fix = (
+                f"set engine_kwargs['max_lora_rank'] to {fits[0]} (vLLM accepts "
+                f"{', '.join(map(str, VLLM_MAX_LORA_RANKS))})"
+                if fits
+                else f"vLLM accepts max_lora_rank up to {VLLM_MAX_LORA_RANKS[-1]}: serve an "
+                "adapter trained with a lower r"
+            )
             raise InvalidAdapterError(
                 f"adapter {where!r} has rank r={rank}, above the engine's max_lora_rank "
-                f"{max_rank}; set engine_kwargs['max_lora_rank'] to at least {rank}"
+                f"{max_rank}{rank_source}; {fix}"
             )
         adapters.append(Adapter(name, where, base, rank if isinstance(rank, int) else None))
     return adapters

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from helpers.adapters import make_adapter, upload_adapters
 
 from ray_stream_llm import (
     ObjectStoreConfig,
@@ -47,6 +48,8 @@ class Case:
     engine_kwargs: dict = field(default_factory=dict)
     store: Callable | str | None = None  # (server) -> ObjectStoreConfig, or a named endpoint
     env: dict = field(default_factory=dict)  # the driver's environment for this case
+    # dynamic_lora_loading_path, or (server, tiny_models, name) -> it after uploading adapters
+    lora: Callable | str | None = None
 
 
 def _upload_variant(server, tiny, name: str, edit: Callable[[Path], None]) -> str:
@@ -144,6 +147,26 @@ def _header(text: bytes) -> Callable[[Path], None]:
     return edit
 
 
+def _adapters(specs: dict[str, dict], *, without_config: tuple[str, ...] = ()):
+    """``dynamic_lora_loading_path`` of adapters made for the tiny single-file model (specs:
+    name -> make_adapter kwargs, as tests/test_lora.py writes them), uploaded to
+    s3://models/bad-loras/<case>/<name>/; the adapters named in ``without_config`` are
+    uploaded without their adapter_config.json."""
+
+    def prepare(server, tiny_models, name):
+        root = Path(server.root) / "variants" / name
+        shutil.rmtree(root, ignore_errors=True)
+        base = tiny_models["single"].uri
+        prefix = upload_adapters(server, root, base, specs, prefix=f"s3://models/bad-loras/{name}/")
+        for stray in without_config:
+            local = make_adapter(root / "stray" / stray, base, b_scale=1.0)
+            (local / "adapter_config.json").unlink()
+            server.upload_dir(local, f"{prefix}{stray}/")
+        return prefix
+
+    return prepare
+
+
 def _closed_port() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -162,6 +185,7 @@ def _good(server, **overrides):
 
 
 STREAM = {"load_format": "runai_streamer"}
+LORA = {**STREAM, "enable_lora": True}
 CASES = [
     Case(
         "malformed-uri",
@@ -526,6 +550,55 @@ CASES = [
         "must be an integer >= -1, got -5",
         engine_kwargs={**STREAM, "model_loader_extra_config": {"memory_limit": -5}},
     ),
+    # --- issue 35 item 2: LoRA adapters from the model's store (dynamic_lora_loading_path) ---
+    Case(
+        "lora-prefix-empty",
+        "`dynamic_lora_loading_path` naming a prefix that holds no objects",
+        errors.AdapterNotFoundError,
+        "holds no objects; check the prefix",
+        engine_kwargs=LORA,
+        lora="s3://models/bad-loras/no-such-prefix/",
+    ),
+    Case(
+        "lora-no-adapter-config",
+        "an adapter sub-folder without `adapter_config.json` (its weights only)",
+        errors.InvalidAdapterError,
+        "has no adapter_config.json",
+        engine_kwargs=LORA,
+        lora=_adapters({"fine": {"b_scale": 1.0}}, without_config=("weights-only",)),
+    ),
+    Case(
+        "lora-other-base",
+        "an adapter whose `base_model_name_or_path` is another model",
+        errors.AdapterBaseMismatchError,
+        "was made for base model 's3://models/tiny/sharded/', not 's3://models/tiny/single/'",
+        engine_kwargs=LORA,
+        lora=_adapters({"foreign": {"b_scale": 1.0, "base": "s3://models/tiny/sharded/"}}),
+    ),
+    Case(
+        "lora-rank-above-max",
+        "an adapter of rank `r=32`, `max_lora_rank` not set (vLLM's default, 16)",
+        errors.InvalidAdapterError,
+        "set engine_kwargs['max_lora_rank'] to 32",
+        engine_kwargs=LORA,
+        lora=_adapters({"r32": {"b_scale": 1.0, "rank": 32}}),
+    ),
+    Case(
+        "lora-without-enable-lora",
+        "`dynamic_lora_loading_path` without `engine_kwargs['enable_lora']`",
+        errors.InvalidSettingError,
+        "set engine_kwargs={'enable_lora': True, ...}",
+        engine_kwargs=STREAM,
+        lora=_adapters({"fine": {"b_scale": 1.0}}),
+    ),
+    Case(
+        "lora-az-prefix",
+        "`dynamic_lora_loading_path='az://container/loras/'`",
+        errors.InvalidSettingError,
+        "adapters are served from s3://, gs:// only",
+        engine_kwargs=LORA,
+        lora="az://container/loras/",
+    ),
 ]
 
 
@@ -555,15 +628,23 @@ def test_bad_input_fails_fast_on_the_driver(
         store = _good(s3_server, endpoint_url=silent_endpoint, timeout_s=5)
     else:
         store = case.store(s3_server) if case.store else _good(s3_server)
+    lora = case.lora(s3_server, tiny_models, case.id) if callable(case.lora) else case.lora
+    extra = {"dynamic_lora_loading_path": lora} if lora is not None else {}
     start = time.monotonic()
     with pytest.raises(case.error) as err:
         config = StreamingvLLMEngineProcessorConfig(
-            model_source=model, engine_kwargs=case.engine_kwargs or STREAM, object_store=store
+            model_source=model,
+            engine_kwargs=case.engine_kwargs or STREAM,
+            object_store=store,
+            **extra,
         )
         build_llm_processor(config)
     elapsed = time.monotonic() - start
     message = str(err.value)
     assert case.fragment in message, message
+    assert "\n" not in message, message  # one line
+    if lora is not None:
+        assert lora in message, message  # names the value
     assert s3_server.secret_access_key not in message
     assert not ray.is_initialized(), "Ray started before the error: an actor could have been taken"
     assert elapsed < 30, f"{elapsed:.1f}s to fail"  # a hang guard, not a speed target

@@ -2,8 +2,8 @@
 the same ``ObjectStoreConfig`` as the model, checked on the driver before any actor starts,
 and served by a real CPU vLLM engine that fetched the adapter with the config's settings.
 
-The adapters are made here for the tiny Llama of tests/helpers/models.py, with safetensors
-and json (no peft): PEFT's tensor names and ``adapter_config.json``. ``loud`` has a large
+The adapters are made for the tiny Llama of tests/helpers/models.py by
+tests/helpers/adapters.py (safetensors and json, no peft). ``loud`` has a large
 ``lora_B`` (its answers must differ from the base model's); ``zero`` has ``lora_B = 0`` (its
 answers must equal the base model's: the difference is the weights', not the LoRA path's).
 """
@@ -17,8 +17,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers.adapters import RANK, upload_adapters
 from helpers.jobs import wait_regions_released, weight_files_written
-from helpers.models import LLAMA_SHAPE, UploadedModel
+from helpers.models import UploadedModel
 from helpers.s3log import AccessLog
 from helpers.waiting import wait_until
 
@@ -28,69 +29,7 @@ from ray_stream_llm.tools.isolated import run_isolated
 from ray_stream_llm.tools.localstore import LocalS3Server
 from ray_stream_llm.uri import parse_model_uri
 
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
-RANK = 8
 DRIVER = Path(__file__).parent / "helpers" / "lora_driver.py"
-
-
-def _shapes() -> dict[str, tuple[int, int]]:
-    """(in, out) features of each targeted projection of the tiny Llama."""
-    hidden = LLAMA_SHAPE["hidden_size"]
-    q = LLAMA_SHAPE["num_attention_heads"] * LLAMA_SHAPE["head_dim"]
-    kv = LLAMA_SHAPE["num_key_value_heads"] * LLAMA_SHAPE["head_dim"]
-    return {
-        "q_proj": (hidden, q),
-        "k_proj": (hidden, kv),
-        "v_proj": (hidden, kv),
-        "o_proj": (q, hidden),
-    }
-
-
-def make_adapter(dest: Path, base: str, *, b_scale: float, seed: int = 0, rank: int = RANK) -> Path:
-    """A PEFT-style LoRA adapter for the tiny Llama: ``adapter_model.safetensors`` (lora_A
-    random, lora_B random times ``b_scale``; 0 gives a no-op adapter) and
-    ``adapter_config.json`` recording ``base``."""
-    import torch
-    from safetensors.torch import save_file
-
-    dest.mkdir(parents=True, exist_ok=True)
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for layer in range(LLAMA_SHAPE["num_hidden_layers"]):
-        for module, (fan_in, fan_out) in _shapes().items():
-            name = f"base_model.model.model.layers.{layer}.self_attn.{module}"
-            tensors[f"{name}.lora_A.weight"] = torch.randn(rank, fan_in, generator=gen)
-            tensors[f"{name}.lora_B.weight"] = torch.randn(fan_out, rank, generator=gen) * b_scale
-    tensors = {k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()}
-    save_file(tensors, str(dest / "adapter_model.safetensors"), metadata={"format": "pt"})
-    config = {
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": base,
-        "r": rank,
-        "lora_alpha": 2 * rank,
-        "lora_dropout": 0.0,
-        "target_modules": list(TARGETS),
-        "bias": "none",
-        "fan_in_fan_out": False,
-        "use_rslora": False,
-        "use_dora": False,
-        "modules_to_save": None,
-    }
-    (dest / "adapter_config.json").write_text(json.dumps(config, indent=2))
-    return dest
-
-
-def _upload_adapters(
-    server: LocalS3Server, tmp_path: Path, base: str, specs: dict[str, dict]
-) -> str:
-    """Adapters made from ``specs`` (name -> make_adapter kwargs), each uploaded to a
-    sub-folder of a fresh prefix in the models bucket, beside the model; the prefix."""
-    prefix = f"s3://models/loras/{uuid.uuid4().hex[:8]}/"
-    for name, kwargs in specs.items():
-        local = make_adapter(tmp_path / "adapters" / name, kwargs.pop("base", base), **kwargs)
-        server.upload_dir(local, f"{prefix}{name}/")
-    return prefix
 
 
 def _store(server: LocalS3Server) -> dict[str, str]:
@@ -171,7 +110,7 @@ def test_driver_checks_the_adapters_with_the_configs_settings(
     from ray_stream_llm.stores.settings import ObjectStoreConfig
 
     model = tiny_models["single"]
-    lora_path = _upload_adapters(
+    lora_path = upload_adapters(
         s3_server,
         tmp_path,
         model.uri,
@@ -219,7 +158,7 @@ def test_a_bad_prefix_fails_on_the_driver_in_one_line(s3_server, tiny_models, no
 @pytest.mark.s3
 def test_the_prefix_of_one_adapter_is_refused(s3_server, tiny_models, no_aws_env, tmp_path):
     model = tiny_models["single"]
-    lora_path = _upload_adapters(s3_server, tmp_path, model.uri, {"only": {"b_scale": 1.0}})
+    lora_path = upload_adapters(s3_server, tmp_path, model.uri, {"only": {"b_scale": 1.0}})
     error = _build(model, lora_path + "only/", s3_server)
     assert isinstance(error, errors.AdapterNotFoundError)
     assert "is one adapter" in str(error) and "give its parent prefix" in str(error)
@@ -231,7 +170,7 @@ def test_a_mismatched_base_fails_on_the_driver_in_one_line(
 ):
     model = tiny_models["single"]
     other = "s3://models/tiny/sharded/"
-    lora_path = _upload_adapters(
+    lora_path = upload_adapters(
         s3_server,
         tmp_path,
         model.uri,
@@ -250,13 +189,13 @@ def test_an_adapter_without_config_or_with_too_high_a_rank_is_refused(
     s3_server, tiny_models, no_aws_env, tmp_path
 ):
     model = tiny_models["single"]
-    lora_path = _upload_adapters(s3_server, tmp_path, model.uri, {"fine": {"b_scale": 1.0}})
+    lora_path = upload_adapters(s3_server, tmp_path, model.uri, {"fine": {"b_scale": 1.0}})
     s3_server.put(f"{lora_path}stray/adapter_model.safetensors", b"not an adapter folder")
     error = _build(model, lora_path, s3_server)
     assert isinstance(error, errors.InvalidAdapterError)
     assert f"{lora_path}stray/" in str(error) and "adapter_config.json" in str(error)
 
-    wide = _upload_adapters(
+    wide = upload_adapters(
         s3_server, tmp_path / "wide", model.uri, {"r32": {"b_scale": 1.0, "rank": 32}}
     )
     error = _build(model, wide, s3_server, max_lora_rank=16)
@@ -267,7 +206,7 @@ def test_an_adapter_without_config_or_with_too_high_a_rank_is_refused(
 @pytest.mark.s3
 def test_lora_path_without_enable_lora_is_refused(s3_server, tiny_models, no_aws_env, tmp_path):
     model = tiny_models["single"]
-    lora_path = _upload_adapters(s3_server, tmp_path, model.uri, {"fine": {"b_scale": 1.0}})
+    lora_path = upload_adapters(s3_server, tmp_path, model.uri, {"fine": {"b_scale": 1.0}})
     error = _build(model, lora_path, s3_server, enable_lora=False)
     assert isinstance(error, errors.InvalidSettingError)
     assert "enable_lora" in str(error) and repr(lora_path) in str(error)
@@ -283,7 +222,7 @@ def test_engine_serves_the_adapter_from_the_same_store(s3_server, tiny_models, w
     model's, ``zero``'s equal them; the store served each adapter's files, signed with the
     config's keys, and no adapter weight was left on local disk."""
     model = tiny_models["single"]
-    lora_path = _upload_adapters(
+    lora_path = upload_adapters(
         s3_server, tmp_path, model.uri, {"loud": {"b_scale": 1.0}, "zero": {"b_scale": 0.0}}
     )
     questions = ["What is 2+2?", "Name three primary colors.", "Say hello in French."]
