@@ -97,6 +97,10 @@ def test_readme_snippets_run_as_typed(work):
         second = "".join(_shell(setup + "\n" + own_job, checkout, env))
         phases.append(("own model", time.monotonic() - started - sum(s for _, s in phases)))
         assert "streamable: yes" in second and "rows: 2/2" in second, second[-3000:]
+        # --resume: a first run, nothing recorded before it (tests/test_resume.py resumes)
+        assert "resumed: 0 row(s) recorded in answers-record/ before this run, 2 answered now" in (
+            second
+        ), second[-3000:]
         # the user's model is the demo model under another URI: its engine loaded the code
         # the quickstart's engine compiled (the compile cache is keyed by the files, not
         # their URI: docs/compile-cache.md)
