@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -52,10 +53,11 @@ def cluster(work, monkeypatch):
     made.shutdown()
 
 
-def _users(cluster, env, uri, base):
+def _users(cluster, env, uri, base, nodes=NODES):
     import ray
 
-    ray.init(address=cluster.address, runtime_env={"env_vars": env})
+    if not ray.is_initialized():
+        ray.init(address=cluster.address, runtime_env={"env_vars": env})
 
     @ray.remote(num_cpus=0.1)
     class User:
@@ -85,7 +87,7 @@ def _users(cluster, env, uri, base):
         def done(self):
             self.weights.release()
 
-    return [User.options(resources={n: 1}).remote(uri, str(base)) for n in NODES]
+    return [User.options(resources={n: 1}).remote(uri, str(base)) for n in nodes]
 
 
 def _named_actors():
@@ -150,6 +152,67 @@ def test_three_nodes_read_the_store_once_and_fill_from_each_other(
     # the children filled while the root still read the store (1 MiB/s: seconds)
     assert all(s["started"] < status[root]["finished"] for s in children)
     _finish(users, regions)
+
+
+def test_a_byte_damaged_in_a_peers_copy_is_a_typed_error_never_a_served_weight(
+    s3_server, s3_env, tiny_models, base, cluster, tmp_path
+):
+    """Issue 35: a weight object uploaded in two parts (its ETag, ``<hex>-2``, is no MD5 of
+    its bytes, so a copy of it cannot be checked against the store's ETag). Node A pulls it
+    from the store and records each file's sha256; one byte of A's copy is then flipped in
+    its memory. Node B, filling from A, hashes what it copied and compares with A's record:
+    ObjectChangedError naming the object and the peer, and B's region never lists the file
+    (nothing reads it)."""
+    import uuid
+
+    import numpy as np
+    import ray
+    from safetensors.numpy import save_file
+
+    from ray_stream_llm.weights.marks import FAILED
+
+    # the single-file model, its weights 6 MiB (S3's parts are 5 MiB at least but the last)
+    local = tmp_path / "model"
+    shutil.copytree(tiny_models["single"].local, local)
+    name = "model.safetensors"
+    save_file({"w": np.arange(6 << 18, dtype=np.float32)}, str(local / name))
+    uri = f"s3://models/tiny/fetch-test/peers-damaged-{uuid.uuid4().hex[:8]}/"
+    s3_server.upload_dir(local, uri)
+    body = (local / name).read_bytes()
+    client, key = s3_server.client(), prefix_of(uri) + name
+    upload = client.create_multipart_upload(Bucket="models", Key=key)["UploadId"]
+    half = 5 << 20
+    parts = [
+        {"PartNumber": n, "ETag": client.upload_part(
+            Bucket="models", Key=key, UploadId=upload, PartNumber=n, Body=chunk)["ETag"]}
+        for n, chunk in ((1, body[:half]), (2, body[half:]))
+    ]  # fmt: skip
+    client.complete_multipart_upload(
+        Bucket="models", Key=key, UploadId=upload, MultipartUpload={"Parts": parts}
+    )
+    [obj] = fetch_metadata_report(uri).weight_objects
+    assert obj.etag.endswith("-2"), obj.etag  # multipart: no MD5 to check a copy against
+
+    [a] = _users(cluster, dict(s3_env), uri, base, nodes=NODES[:1])
+    ray.get(a.wait.remote())
+    region_a, _ = ray.get(a.where.remote())
+    with open(Path(region_a) / name, "r+b") as f:  # one byte of A's copy, in its memory
+        f.seek(len(body) // 3)
+        byte = f.read(1)
+        f.seek(len(body) // 3)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+    [b] = _users(cluster, dict(s3_env), uri, base, nodes=NODES[1:2])
+    region_b, _ = ray.get(b.where.remote())
+    with pytest.raises(ray.exceptions.RayTaskError) as err:
+        ray.get(b.wait.remote())
+    failed = (Path(region_b) / FAILED).read_text()
+    print(f"\nnode B's pull: {failed}")
+    assert "ObjectChangedError" in failed and repr(name) in failed, failed
+    assert "copied from peer node" in failed and "sha256" in failed, failed
+    assert "the shared pull of the weights failed" in str(err.value), err.value
+    assert not (Path(region_b) / name).exists()  # never under its name: nobody reads it
+    _finish([a, b], [region_a, region_b])
 
 
 def test_a_peer_killed_mid_copy_is_replaced_and_every_region_completes(

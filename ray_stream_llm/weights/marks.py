@@ -11,6 +11,7 @@ CREATED = ".created"  # the region's marker: a file of a directory holding it is
 UNSHARED = ".unshared"  # 'auto' gave the region up (it no longer fits): stream the store
 FAILED = ".failed"  # the pull failed: the typed error, for every waiter
 PARTIAL = ".partial"  # the files still being written, renamed to the region once whole
+DIGESTS = ".sha256"  # each whole file's sha256, recorded before its rename (peers check it)
 
 
 def partial(region: Path, name: str) -> Path:
@@ -35,3 +36,17 @@ def record_progress(region: Path, name: str, nbytes: int) -> None:
     folder = region / ".progress"
     folder.mkdir(exist_ok=True)
     write_whole(folder / name, str(nbytes))
+
+
+def record_digest(region: Path, name: str, hexdigest: str) -> None:
+    path = region / DIGESTS / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_whole(path, hexdigest)
+
+
+def digest_of(region: Path, name: str) -> str | None:
+    """The sha256 the pull recorded for ``name`` (None before it is whole)."""
+    try:
+        return (region / DIGESTS / name).read_text() or None
+    except OSError:
+        return None

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -40,7 +41,15 @@ from pathlib import Path
 from typing import Any
 
 from ray_stream_llm.files import write_whole
-from ray_stream_llm.weights.marks import CREATED, FAILED, UNSHARED, done, partial, progress
+from ray_stream_llm.weights.marks import (
+    CREATED,
+    FAILED,
+    UNSHARED,
+    digest_of,
+    done,
+    partial,
+    progress,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +171,24 @@ class Server:
                 raise TimeoutError(f"{self.region}: {name} stuck at {have} bytes for {STALL_S}s")
             time.sleep(POLL_S)
 
+    def digest(self, name: str) -> str:
+        """The sha256 this node's own pull recorded for ``name``, once the file is whole
+        (a child asks when it has copied every byte of it: the rename is moments away)."""
+        if name not in self.names:
+            raise ValueError(f"{name!r} is not a weight file of {self.region}")
+        deadline = time.monotonic() + STALL_S
+        while (found := digest_of(self.region, name)) is None or not done(self.region, name):
+            if found is None and done(self.region, name):  # kept from before digests: hash it
+                with open(self.region / name, "rb") as f:
+                    return hashlib.file_digest(f, "sha256").hexdigest()
+            for mark in (FAILED, UNSHARED):
+                if (self.region / mark).exists():
+                    raise RuntimeError(f"{self.region} cannot vouch for {name}: its pull stopped")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.region}: {name} not whole after {STALL_S}s")
+            time.sleep(POLL_S)
+        return found
+
     def pid(self) -> int:
         return os.getpid()
 
@@ -242,6 +269,31 @@ class PeerRead:
             with self.lock:
                 self.peer_bytes += len(data)
             return data
+
+    def digest(self, name: str) -> tuple[str, str] | None:
+        """The sha256 of ``name`` as the node this one copies from recorded it, and that
+        node (for the check of what was copied); None when this node reads the store (its
+        ETag, and MD5 where the ETag is one, are checked instead) or no peer can vouch for
+        it any more (the peers' directory is gone: a warning says so)."""
+        import ray
+
+        while True:
+            with self.lock:
+                parent, server, generation = self.parent, self.server, self.generation
+            if parent is None:
+                if self.peer_bytes:
+                    logger.warning(
+                        "%s: part of it came from a peer that is gone, and no other peer "
+                        "can vouch for it; checked by size (and MD5 where the ETag is one)",
+                        name,
+                    )
+                return None
+            try:
+                found = ray.get(server.digest.remote(name), timeout=STALL_S + 30)
+            except Exception as exc:  # the peer died or failed: any other holds the same
+                self._replace(parent, generation, exc)
+                continue
+            return str(found), f"peer node {parent[:16]}"
 
     def _replace(self, parent: str, generation: int, exc: BaseException) -> None:
         import ray

@@ -70,6 +70,7 @@ from ray_stream_llm.weights.marks import (
     done,
     partial,
     progress,
+    record_digest,
     record_progress,
 )
 
@@ -456,37 +457,49 @@ def _md5_of(etag: str) -> str | None:
 Read = Callable[[str, int, int], bytes]  # (object path, first byte, last byte) -> bytes
 
 
-def _pull_file(uri: ModelURI, obj: ObjectInfo, region: Path, read: Read, pool: Any) -> int:
+def _pull_file(
+    uri: ModelURI,
+    obj: ObjectInfo,
+    region: Path,
+    read: Read,
+    pool: Any,
+    expected: Callable[[str], tuple[str, str] | None] | None = None,
+) -> int:
     """One object into ``.partial/<name>`` with parallel ranged reads (the store's GETs
     pinned to the listed ETag, or a peer's region), renamed to ``<name>`` once whole and
     checked; the bytes read. Every range is checked for length, the total against the
-    listing, and the MD5 against the ETag where the ETag is one (hashed in order, while the
-    ranges after it are still arriving). The file's contiguous prefix is recorded as it
-    grows, for the peers it serves; a partial file that a dead puller left is resumed from
-    that prefix (hashed again from the file). A file that fails a check is removed."""
+    listing, the MD5 against the ETag where the ETag is one, and the sha256 against the one
+    the serving peer's own pull recorded (``expected``: ``(digest, peer)``, or None where
+    the store was read); both hashed in order, while the ranges after it are still arriving.
+    The sha256 is recorded (``.sha256/<name>``) before the rename, for the peers this node
+    serves. The file's contiguous prefix is recorded as it grows, for those peers; a
+    partial file that a dead puller left is resumed from that prefix (hashed again from the
+    file). A file that fails a check is removed."""
     path = partial(region, obj.path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.md5(usedforsecurity=False) if _md5_of(obj.etag) else None
+    md5 = hashlib.md5(usedforsecurity=False) if _md5_of(obj.etag) else None
+    sha = hashlib.sha256()
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
 
-    def fetch(span: tuple[int, int]) -> tuple[int, bytes | None]:
+    def fetch(span: tuple[int, int]) -> tuple[int, bytes]:
         data = read(obj.path, span[0], span[1])
         if len(data) != span[1] - span[0] + 1:
             raise RayStreamLLMError(
                 f"{obj.path!r} of {str(uri)!r}: got {len(data)} bytes for bytes "
                 f"{span[0]}-{span[1]}; the connection was cut"
             )
-        wrote = os.pwrite(fd, data, span[0])
-        return wrote, data if digest is not None else None
+        return os.pwrite(fd, data, span[0]), data
 
     try:
         # the prefix a puller before this one wrote and recorded (0 for a new file)
         written = have = min(progress(region, obj.path), os.fstat(fd).st_size, obj.size)
-        if digest is not None:
-            for offset in range(0, have, CHUNK):
-                digest.update(os.pread(fd, min(CHUNK, have - offset), offset))
+        for offset in range(0, have, CHUNK):
+            data = os.pread(fd, min(CHUNK, have - offset), offset)
+            sha.update(data)
+            if md5 is not None:
+                md5.update(data)
         ranges = [(s, min(s + CHUNK, obj.size) - 1) for s in range(have, obj.size, CHUNK)]
-        window: collections.deque[concurrent.futures.Future[tuple[int, bytes | None]]]
+        window: collections.deque[concurrent.futures.Future[tuple[int, bytes]]]
         window = collections.deque()
         pending = iter(ranges)
         for span in itertools.islice(pending, 2 * WORKERS):
@@ -495,28 +508,38 @@ def _pull_file(uri: ModelURI, obj: ObjectInfo, region: Path, read: Read, pool: A
             wrote, data = window.popleft().result()
             written += wrote
             record_progress(region, obj.path, written)  # in order: no gap before
-            if digest is not None and data is not None:
-                digest.update(data)
+            sha.update(data)
+            if md5 is not None:
+                md5.update(data)
             for span in itertools.islice(pending, 1):
                 window.append(pool.submit(fetch, span))
     finally:
         os.close(fd)
     problem: RayStreamLLMError | None = None
+    peer = expected(obj.path) if expected is not None and written == obj.size else None
     if written != obj.size:
         problem = RayStreamLLMError(
             f"{obj.path!r} of {str(uri)!r}: {written} bytes written to {path}, the listing said "
             f"{obj.size}; is {region} full?"
         )
-    elif digest is not None and digest.hexdigest() != _md5_of(obj.etag):
+    elif md5 is not None and md5.hexdigest() != _md5_of(obj.etag):
         problem = ObjectChangedError(
-            f"{obj.path!r} of {str(uri)!r}: the bytes read have MD5 {digest.hexdigest()}, the "
+            f"{obj.path!r} of {str(uri)!r}: the bytes read have MD5 {md5.hexdigest()}, the "
             f"store's ETag says {obj.etag}; the object is damaged or changed while it was read"
+        )
+    elif peer is not None and peer[0] != sha.hexdigest():
+        problem = ObjectChangedError(
+            f"{obj.path!r} of {str(uri)!r}: the bytes copied from {peer[1]} have sha256 "
+            f"{sha.hexdigest()}, that node's own pull of the store recorded {peer[0]}; a byte "
+            "was damaged in that node's memory or on the way, and none of it is served: run the "
+            "job again (weight_peers=0 reads the store on every node)"
         )
     if problem is not None:  # the next pull starts the file again
         with contextlib.suppress(OSError):  # (a region removed meanwhile has no file)
             record_progress(region, obj.path, 0)
             path.unlink(missing_ok=True)
         raise problem
+    record_digest(region, obj.path, sha.hexdigest())
     (region / obj.path).parent.mkdir(parents=True, exist_ok=True)
     os.rename(path, region / obj.path)  # whole and checked: readers see it from now on
     return written - have
@@ -571,8 +594,9 @@ def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock_fd:
             peer = peers.join(region, store_read, int(_marker(region)["peers"]))
             read = peer or store_read
         with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
+            expected = peer.digest if peer else None
             for obj in missing:  # file by file, its ranges in parallel
-                pulled += _pull_file(uri, obj, region, read, pool)
+                pulled += _pull_file(uri, obj, region, read, pool, expected)
         status: dict[str, Any] = {
             "started": started,
             "finished": time.time(),
