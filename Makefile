@@ -136,8 +136,9 @@ test: lint typecheck
 test-one-stream: lint typecheck test-main test-compat
 
 MAIN = $(PYTEST) -m "not compat and not slow" --durations=25 --junit-xml=$(DURATIONS)/$@.xml
-# about half the suite's time (the files' durations in CI), with no file in both streams
-MAIN_B := tests/test_readme.py tests/test_sharing.py tests/test_faults.py tests/test_demo.py
+# about half the suite's time (the files' durations in CI), with no file in both streams; the
+# sharing and fault tests together (both use the session's sharded_job, one engine job)
+MAIN_B := tests/test_sharing.py tests/test_faults.py tests/test_resume.py tests/test_demo.py
 
 # the job-submission example ships the wheel to a cluster's environment without the library
 EXAMPLE_CLUSTER := $(WHEEL) $(BARE)/.setup-done
