@@ -281,11 +281,14 @@ class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
         default="auto",
         description="Any load format: 'auto' keeps Ray's stage resources unless the cluster "
         "cannot hold them when the processor is built (fewer CPUs than Ray's graph reserves "
-        "before its first row, one file read or write task around the processor counted: a "
-        "deadlock; or, with vLLM's CPU build, fewer GPUs than the engines ask for); then CPU "
-        "stages reserve 0.25 CPU, the maps 0.1 CPU and engines CPUs only, each engine "
-        "worker less than one where a whole CPU would leave no CPU for the file read or "
-        "write (2 CPUs: 0.25). 'on' applies them always, 'off' never. A placement or "
+        "before its first row, one file read or write task around the processor counted, "
+        "and, where the DataContext has a checkpoint_config when the processor is built, Ray "
+        "2.60's CheckpointFilter actor of a resumed job (1 CPU): a deadlock; or, with vLLM's "
+        "CPU build, fewer GPUs than the engines ask for); then CPU stages reserve 0.25 CPU, "
+        "the maps 0.1 CPU and engines CPUs only, each engine worker less than one where a "
+        "whole CPU would leave no CPU for the file read or write (2 CPUs: 0.25), and the CPU "
+        "stages and engines none where the file task and the checkpoint filter take every "
+        "CPU (2 CPUs, checkpointing). 'on' applies them always, 'off' never. A placement or "
         "accelerator you set is never replaced.",
     )
     object_store: ObjectStoreConfig | None = Field(

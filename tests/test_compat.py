@@ -213,6 +213,40 @@ def test_on_a_small_cpu_cluster_the_defaults_make_it_schedulable(small_cluster, 
     assert cpu_stages and set(cpu_stages) == {0.25}
 
 
+def test_on_a_small_cluster_rays_checkpoint_filter_and_the_read_keep_their_cpus(
+    small_cluster, model_dir, tmp_path
+):
+    """Under Ray Data's job checkpointing, a re-run filters the read's rows in a
+    CheckpointFilter actor (Ray 2.60: Ray Data's default 1 CPU; its config cannot change
+    it). On 2 CPUs that actor and the file read take both: the CPU stage actors and the
+    engine ask for none (else the read never runs: "3/2 CPU", issue 35). Ray 2.54 filters in
+    the read task (the graph is the one without checkpointing); Ray 2.48 has no checkpointing."""
+    from ray_stream_llm.integrations.ray.builder import checkpoint_filter_cpus
+
+    _, plain, _ = _build_both(model_dir)
+    try:
+        from ray.data.checkpoint import CheckpointConfig
+    except ImportError:  # Ray 2.48
+        assert checkpoint_filter_cpus() == 0
+        return
+    context = ray.data.DataContext.get_current()
+    before = context.checkpoint_config
+    context.checkpoint_config = CheckpointConfig(id_column="id", checkpoint_path=str(tmp_path))
+    try:
+        filter_cpus = checkpoint_filter_cpus()
+        _, ours, processor = _build_both(model_dir)
+    finally:
+        context.checkpoint_config = before
+    if not hasattr(CheckpointConfig(id_column="id", checkpoint_path=str(tmp_path)),
+                   "checkpoint_actor_pool_min_size"):  # fmt: skip
+        assert filter_cpus == 0 and ours == plain  # Ray 2.54: no filter actor
+        return
+    assert filter_cpus == 1
+    asked = {name: s.map_batches_kwargs.get("num_cpus") for name, s in processor.stages.items()}
+    assert set(asked.values()) == {0}, asked
+    assert _engine(processor)["num_cpus"] == 0
+
+
 def test_tensor_parallel_on_vllms_cpu_build_runs_its_workers_as_processes(small_cluster, model_dir):
     """vLLM's CPU build has no Ray executor (which Ray picks for TP > 1): a TP=2 engine
     gets the 'mp' backend, unless the config names one. The thread binding is no stage

@@ -4,10 +4,13 @@ a real local Ray, Ray Data's own job checkpointing (``CheckpointConfig``, Ray >=
 - A job (``read_json`` of 12 files -> the library's processor -> ``write_parquet``) whose
   driver is SIGKILLed once its first output file appears, then run again with the same
   command in a fresh HOME: every id is written exactly once across both runs, the re-run
-  writes fewer rows than the input holds, and its engine loads the compiled artifact the
-  first run shipped to ``compile_cache_uri`` (``compile_cache: hit``).
-- The same job on a 2-CPU local Ray finishes (the small-cluster defaults leave a CPU for
-  the file read and write around the processor).
+  writes fewer rows than the input holds, its engine loads the compiled artifact the
+  first run shipped to ``compile_cache_uri`` (``compile_cache: hit``), and, with
+  ``keep_warm_s``, the node's copy of the weights that the killed job left (kept warm by its
+  reaper) is adopted by the re-run, which reads no weight byte from the store.
+- The same job on a 2-CPU local Ray, killed and resumed: both runs make progress (the
+  small-cluster defaults leave a CPU for the file read and write around the processor,
+  and, on the re-run, for Ray's ``CheckpointFilter`` actor).
 - ``ray-stream-llm run --resume``: killed after its first batch is recorded, run again, it
   answers only the rows that are missing.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +30,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from helpers.jobs import wait_regions_released
+from helpers.s3log import AccessLog, prefix_of
 from helpers.waiting import wait_until
 
 from ray_stream_llm.tools.isolated import isolated_env
@@ -33,6 +38,7 @@ from ray_stream_llm.tools.isolated import isolated_env
 DRIVER = Path(__file__).parent / "helpers" / "resume_job.py"
 FILES, ROWS_PER_FILE = 12, 4
 ROWS = FILES * ROWS_PER_FILE
+HEADER_READS = 2  # GETs of one safetensors object by the driver's check of its header
 
 
 def write_input(root: Path) -> Path:
@@ -96,8 +102,16 @@ def finish(proc: subprocess.Popen, run_dir: Path, timeout: float) -> None:
     assert rc == 0, (run_dir / "job.log").read_text("utf-8", "replace")[-6000:]
 
 
-def spec_for(work: Path, run: str, model: str, num_cpus: int, cache_uri: str | None) -> dict:
+def spec_for(
+    work: Path,
+    run: str,
+    model: str,
+    num_cpus: int,
+    cache_uri: str | None,
+    config: dict | None = None,
+) -> dict:
     return {
+        "config": config or {},
         "model": model,
         "input": str(work / "input"),
         "output": str(work / "output"),
@@ -109,58 +123,122 @@ def spec_for(work: Path, run: str, model: str, num_cpus: int, cache_uri: str | N
     }
 
 
-@pytest.mark.s3
-@pytest.mark.e2e
-@pytest.mark.engine
-def test_a_killed_job_resumes_warm_and_writes_every_id_once(s3_server, tiny_models, work):
-    write_input(work / "input")
-    model = tiny_models["single"].uri
-    cache_uri = f"s3://models/compile-cache/{uuid.uuid4().hex[:8]}/"
-    start = time.time()
-    first = start_job(work / "first", spec_for(work, "first", model, 4, cache_uri), s3_server.env())
+def kill_at_first_output(proc: subprocess.Popen, output: Path) -> list[int]:
+    """SIGKILL the job's driver once its first output file appears (its Ray goes with its
+    session); the ids written before the kill."""
     try:
         wait_until(
-            lambda: any((work / "output").glob("*.parquet")) or first.poll() is not None,
+            lambda: any(output.glob("*.parquet")) or proc.poll() is not None,
             600,
             "no output file from the first run",
         )
-        assert first.poll() is None, "the first run ended before it could be killed"
-        os.kill(first.pid, signal.SIGKILL)  # the driver only: its Ray goes with its session
-        first.wait()
+        assert proc.poll() is None, "the first run ended before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)  # the driver only: its Ray goes with its session
+        proc.wait()
     finally:
-        if _group_alive(first.pid):
-            os.killpg(first.pid, signal.SIGKILL)
-    wait_until(lambda: not _group_alive(first.pid), 60, "the killed job's processes linger")
-    wait_regions_released(start)
-    first_ids = output_ids(work / "output")
-    assert 0 < len(first_ids) < ROWS
+        if _group_alive(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+    wait_until(lambda: not _group_alive(proc.pid), 60, "the killed job's processes linger")
+    ids = output_ids(output)
+    assert 0 < len(ids) < ROWS
+    return ids
 
+
+@pytest.fixture
+def sharing_dir():
+    """The jobs' weight_sharing_dir (memory-backed); removed at the end with what a job kept
+    warm in it (its reaper exits once the region is gone)."""
+    path = Path("/dev/shm") / f"rsl-resume-{uuid.uuid4().hex[:8]}"
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def kept_warm(base: Path) -> list[Path]:
+    """The regions under ``base`` kept warm for a later job (``.warm_until`` set)."""
+    return [r for r in base.glob("*/*") if (r / ".warm_until").is_file()]
+
+
+def weight_gets(log: AccessLog, model: str) -> dict[str, int]:
+    """GETs of the model's safetensors objects the store answered since ``log`` began."""
+    return {k: n for k, n in log.gets(prefix_of(model)).items() if k.endswith(".safetensors")}
+
+
+@pytest.mark.s3
+@pytest.mark.e2e
+@pytest.mark.engine
+def test_a_killed_job_resumes_warm_and_writes_every_id_once(
+    s3_server, tiny_models, work, sharing_dir
+):
+    write_input(work / "input")
+    model = tiny_models["single"].uri
+    cache_uri = f"s3://models/compile-cache/{uuid.uuid4().hex[:8]}/"
+    config = {"keep_warm_s": 600, "weight_sharing_dir": str(sharing_dir)}
+    first_log = AccessLog(s3_server)
+    first = start_job(
+        work / "first", spec_for(work, "first", model, 4, cache_uri, config), s3_server.env()
+    )
+    first_ids = kill_at_first_output(first, work / "output")
+    first_gets = weight_gets(first_log, model)
+    assert first_gets, "the first run read the weights from the store"
+    # the killed job's engine died with it: its region's reaper (a process of its own
+    # session) keeps the complete copy warm once no live process holds it
+    [region] = wait_until(
+        lambda: kept_warm(sharing_dir),
+        60,
+        lambda: f"nothing kept warm: {list(sharing_dir.rglob('*'))}",
+    )
+
+    log = AccessLog(s3_server)
     second = start_job(
-        work / "second", spec_for(work, "second", model, 4, cache_uri), s3_server.env()
+        work / "second", spec_for(work, "second", model, 4, cache_uri, config), s3_server.env()
     )
     finish(second, work / "second", 600)
+    rerun_gets = weight_gets(log, model)
     ids = output_ids(work / "output")
     rerun_rows = len(ids) - len(first_ids)
     assert sorted(ids) == list(range(ROWS)), "every id exactly once across both runs"
     assert 0 < rerun_rows < ROWS, f"the re-run wrote {rerun_rows} of {ROWS} rows"
-    reports = json.loads((work / "second" / "report.json").read_text())
-    assert [r["compile_cache"] for r in reports] == ["hit"], reports
+    [report] = json.loads((work / "second" / "report.json").read_text())
+    assert report["compile_cache"] == "hit", report["line"]
+    # the re-run's engine streamed the whole model from the node's region, which it adopted
+    # (the same weights, moved from the killed Ray session's node id to this one's) ...
+    assert report["weight_sharing"] == "node", report["line"]
+    weights = sum(f.stat().st_size for f in tiny_models["single"].local.glob("*.safetensors"))
+    assert report["weight_bytes"] == weights, report["line"]
+    [adopted] = wait_until(lambda: kept_warm(sharing_dir), 60, "the re-run kept nothing warm")
+    assert not region.exists() and adopted.name == region.name, (region, adopted)
+    assert adopted.parent.name != region.parent.name  # another Ray session's node id
+    # ... and no weight byte came from the store: the re-run's only GETs of the weight
+    # objects are the driver's header check (ray_stream_llm.manifest: two ranged GETs each,
+    # the 8-byte length and the JSON header); the first run's pull read them besides
+    assert rerun_gets == dict.fromkeys(first_gets, HEADER_READS), (rerun_gets, first_gets)
+    assert all(n > HEADER_READS for n in first_gets.values()), first_gets
     print(
-        f"first run: {len(first_ids)} rows before the kill; re-run: {rerun_rows} rows; "
-        f"re-run's engine: {reports[0]['line']}"
+        f"first run: {len(first_ids)} rows before the kill, weight GETs {dict(first_gets)}; "
+        f"re-run: {rerun_rows} rows, weight GETs {rerun_gets}; kept copy {region} adopted as "
+        f"{adopted}; re-run's engine: {report['line']}; its pull figures: "
+        f"pull_bytes={report['pull_bytes']} pull_source={report['pull_source']}"
     )
 
 
 @pytest.mark.s3
 @pytest.mark.e2e
 @pytest.mark.engine
-def test_a_checkpointed_job_finishes_on_a_two_cpu_ray(s3_server, tiny_models, work):
+def test_a_checkpointed_job_resumes_on_a_two_cpu_ray(s3_server, tiny_models, work):
+    """Killed at its first output file and run again, both on a 2-CPU Ray: the re-run, whose
+    graph holds Ray's CheckpointFilter actor besides the processor's, finishes."""
     write_input(work / "input")
-    spec = spec_for(work, "run", tiny_models["single"].uri, 2, None)
+    model = tiny_models["single"].uri
     start = time.time()
-    finish(start_job(work / "run", spec, s3_server.env()), work / "run", 420)
+    first = start_job(work / "first", spec_for(work, "first", model, 2, None), s3_server.env())
+    first_ids = kill_at_first_output(first, work / "output")
     wait_regions_released(start)
-    assert sorted(output_ids(work / "output")) == list(range(ROWS))
+    second = start_job(work / "second", spec_for(work, "second", model, 2, None), s3_server.env())
+    finish(second, work / "second", 420)
+    wait_regions_released(start)
+    ids = output_ids(work / "output")
+    assert sorted(ids) == list(range(ROWS)), "every id exactly once across both runs"
+    print(f"2 CPUs: {len(first_ids)} rows before the kill, {len(ids) - len(first_ids)} after")
 
 
 @pytest.mark.s3

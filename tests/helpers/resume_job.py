@@ -3,10 +3,11 @@
 Usage: python resume_job.py SPEC_JSON
 SPEC_JSON: {"model": uri, "input": dir of JSONL files, "output": dir, "checkpoint": path,
             "num_cpus": int, "ray_temp_dir": path, "compile_cache_uri": uri | null,
-            "report": path}
+            "report": path, "config": {more StreamingvLLMEngineProcessorConfig fields}}
 Ray Data's job checkpointing (``ray.data.checkpoint.CheckpointConfig``, ``id_column="id"``)
 around the library's processor: ``read_json`` of the input's files, the processor,
-``write_parquet``; the engines' load report lines are written to ``report`` at the end.
+``write_parquet``; the engines' load reports (and their log lines) are written to ``report``
+at the end.
 """
 
 import json
@@ -36,6 +37,7 @@ def main() -> None:
         batch_size=4,
         concurrency=1,
         compile_cache_uri=spec.get("compile_cache_uri"),
+        **spec.get("config", {}),
     )
     processor = build_processor(
         config,
@@ -46,11 +48,7 @@ def main() -> None:
         postprocess=lambda row: dict(id=row["id"], answer=row["generated_text"]),
     )
     processor(ray.data.read_json(spec["input"])).write_parquet(spec["output"])
-    lines = [report.log_line() for report in load_reports()]
-    reports = [
-        {"compile_cache": r.compile_cache, "line": line}
-        for r, line in zip(load_reports(), lines, strict=True)
-    ]
+    reports = [{**r.to_dict(), "line": r.log_line()} for r in load_reports()]
     Path(spec["report"]).write_text(json.dumps(reports))
     ray.shutdown()
 

@@ -129,10 +129,25 @@ def resource_defaults(
     return {"placement_group_config": {"bundles": cpu.cpu_bundles(_workers(config))}}
 
 
+def checkpoint_filter_cpus() -> float:
+    """CPUs of the actors that Ray Data's job checkpointing adds to the job's graph, where
+    the current DataContext has a ``checkpoint_config`` when the processor is built: from
+    Ray 2.60 a re-run (a checkpoint holding rows) filters the read's rows in a
+    ``CheckpointFilter`` actor pool of ``checkpoint_actor_pool_min_size`` actors that ask
+    for Ray Data's default CPU each (its config sets only their memory, 1 GiB; measured on
+    2 CPUs: "Active & requested resources: 3/2 CPU", stalled, issue 35). Counted whether or
+    not the checkpoint holds rows yet (a first run then reserves less). Ray 2.54 filters in
+    the read task itself (no actor, nothing counted); 0 without checkpointing."""
+    checkpoint = getattr(ray.data.DataContext.get_current(), "checkpoint_config", None)
+    actors = getattr(checkpoint, "checkpoint_actor_pool_min_size", 0) if checkpoint else 0
+    return _RAY_STAGE_CPUS * int(actors or 0)
+
+
 def _cpu_stage_needs(processor: Processor, engine_cpus: float, engines: int) -> float:
     """CPUs Ray's stage graph reserves before its first row: one actor per CPU stage,
-    the engines it starts with, one map task and one file read or write task."""
-    total = _RAY_STAGE_CPUS + FILE_TASK_CPUS + engine_cpus * engines
+    the engines it starts with, one map task, one file read or write task and the
+    checkpoint filter actors (:func:`checkpoint_filter_cpus`)."""
+    total = _RAY_STAGE_CPUS + FILE_TASK_CPUS + checkpoint_filter_cpus() + engine_cpus * engines
     for stage in processor.stages.values():
         if not _is_engine(stage):
             total += stage.map_batches_kwargs.get("num_cpus") or _RAY_STAGE_CPUS
@@ -170,8 +185,10 @@ def small_cluster(
     return cluster.get("CPU", 0.0) < needs
 
 
-def _apply_small_defaults(processor: Processor) -> None:
-    """0.25 CPU for each CPU stage actor, 0.1 for the pre/postprocess maps, where unset."""
+def _apply_small_defaults(processor: Processor) -> set[str]:
+    """0.25 CPU for each CPU stage actor, 0.1 for the pre/postprocess maps, where unset;
+    the CPU stages it set."""
+    done = set()
     for name, stage in list(processor.stages.items()):
         kwargs = stage.map_batches_kwargs
         if _is_engine(stage) or kwargs.get("num_cpus") is not None:
@@ -179,27 +196,45 @@ def _apply_small_defaults(processor: Processor) -> None:
         processor.stages[name] = stage.model_copy(
             update={"map_batches_kwargs": {**kwargs, "num_cpus": CPU_STAGE_NUM_CPUS}}
         )
+        done.add(name)
     for attr in ("preprocess_map_kwargs", "postprocess_map_kwargs"):  # Ray >= 2.5x
         given = getattr(processor, attr, None)
         if isinstance(given, dict) and given.get("num_cpus") is None:
             setattr(processor, attr, {**given, "num_cpus": MAP_NUM_CPUS})
+    return done
+
+
+def _no_cpu_actors(processor: Processor, stages: set[str]) -> None:
+    """The CPU stage actors named (those the small defaults set) and the engine actor ask
+    for no CPU: where the file task and Ray's checkpoint filter leave none for them."""
+    for name in stages:
+        stage = processor.stages[name]
+        kwargs = {**stage.map_batches_kwargs, "num_cpus": 0}
+        processor.stages[name] = stage.model_copy(update={"map_batches_kwargs": kwargs})
+    _update_engine_map_kwargs(processor, lambda kwargs: {**kwargs, "num_cpus": 0})
 
 
 def _engine_cpus_left(
     config: StreamingvLLMEngineProcessorConfig, processor: Processor, cluster: dict[str, float]
 ) -> float | None:
     """The CPUs each engine worker may ask for, when less than one: what the cluster has
-    after the CPU stage actors and one file read or write task (:data:`FILE_TASK_CPUS`),
-    shared by the workers of the engines the job starts with (rounded down to 0.05); None
-    when a whole CPU each fits, or when nothing is left to share (a 1-CPU cluster)."""
+    after the CPU stage actors, one file read or write task (:data:`FILE_TASK_CPUS`) and
+    Ray's checkpoint filter actors (:func:`checkpoint_filter_cpus`), shared by the workers
+    of the engines the job starts with (rounded down to 0.05); None when a whole CPU each
+    fits, or when nothing is left to share without checkpointing (a 1-CPU cluster); 0.0
+    when the checkpoint filter leaves nothing (2 CPUs: the read and the filter take both):
+    then the CPU stage actors and the engines ask for no CPU."""
     stages = sum(
         float(stage.map_batches_kwargs.get("num_cpus") or _RAY_STAGE_CPUS)
         for stage in processor.stages.values()
         if not _is_engine(stage)
     )
     workers = _workers(config) * _engines(config, least=True)
-    left = (cluster.get("CPU", 0.0) - FILE_TASK_CPUS - stages) / workers
+    checkpoint = checkpoint_filter_cpus()
+    left = (cluster.get("CPU", 0.0) - FILE_TASK_CPUS - checkpoint - stages) / workers
     share = int(left * 20) / 20
+    if share <= 0 and checkpoint:
+        return 0.0
     return share if 0 < share < 1 else None
 
 
@@ -302,6 +337,14 @@ def _kv_cache_engines(config: StreamingvLLMEngineProcessorConfig) -> int:
     return cpu.kv_cache_engines({**os.environ, **env_vars})
 
 
+def _engine_backend(config: StreamingvLLMEngineProcessorConfig, updates: dict[str, Any]) -> Any:
+    """The engine's distributed_executor_backend ('ray': Ray's executor places its workers
+    in a placement group, whose bundles cannot be empty)."""
+    return (updates.get("engine_kwargs") or config.engine_kwargs).get(
+        "distributed_executor_backend"
+    )
+
+
 def _build_ray_graph(
     config: StreamingvLLMEngineProcessorConfig,
     cluster: dict[str, float],
@@ -328,9 +371,17 @@ def _build_ray_graph(
             "CPUs only" if engine_on_cpu else "as Ray asks",
             config.small_cluster_defaults,
         )
-        _apply_small_defaults(processor)
+        defaulted = _apply_small_defaults(processor)
         share = _engine_cpus_left(config, processor, cluster) if engine_on_cpu else None
-        if share is not None:  # the engines' bundles shrink to leave the file task a CPU
+        if share == 0 and _engine_backend(config, updates) != "ray":
+            logger.info(
+                "Small cluster: the file read or write task and Ray's checkpoint filter "
+                "actors (%s CPU) leave no CPU: the CPU stage actors and the engines reserve "
+                "none",
+                checkpoint_filter_cpus(),
+            )
+            _no_cpu_actors(processor, defaulted)
+        elif share:  # the engines' bundles shrink to leave the file task a CPU
             logger.info("Small cluster: each engine worker reserves %s CPU", share)
             if HAS_PLACEMENT_GROUP_CONFIG:
                 updates["placement_group_config"] = {
