@@ -314,6 +314,8 @@ class NodeWeights:
                 }
                 (self.region / CREATED).write_text(json.dumps(marker))
                 created = True
+            if not created and (adopted or (self.region / WARM_UNTIL).exists()):
+                _reuse_warm(self.region, self.sharing.keep_warm_s)
             (self.region / WARM_UNTIL).unlink(missing_ok=True)  # in use again
             start = _proc_start(os.getpid())
             self._ref = self.region / ".refs" / f"{os.getpid()}-{start}"
@@ -402,6 +404,16 @@ def _adopt_warm(region: Path) -> bool:
         logger.info("Adopted the warm shared weights of %s as %s", other, region)
         return True
     return False
+
+
+def _reuse_warm(region: Path, keep_warm_s: float) -> None:
+    """A copy kept warm by an earlier job, taken by this one: its pull record says so (this
+    job's engines read no byte of the store: their reports say ``pull_source: "kept warm"``,
+    ``pull_bytes: 0``), and it is kept after this job for this job's ``keep_warm_s``."""
+    now = time.time()
+    record = {"started": now, "finished": now, "bytes": 0, "source": "kept warm"}
+    write_whole(region / ".pull.json", json.dumps({**record, "pid": os.getpid()}))
+    write_whole(region / CREATED, json.dumps({**_marker(region), "keep_warm_s": keep_warm_s}))
 
 
 def _pull_free(region: Path) -> bool:
