@@ -213,6 +213,7 @@ def test_a_killed_job_resumes_warm_and_writes_every_id_once(
     # the 8-byte length and the JSON header); the first run's pull read them besides
     assert rerun_gets == dict.fromkeys(first_gets, HEADER_READS), (rerun_gets, first_gets)
     assert all(n > HEADER_READS for n in first_gets.values()), first_gets
+    assert (report["pull_source"], report["pull_bytes"]) == ("kept warm", 0), report["line"]
     print(
         f"first run: {len(first_ids)} rows before the kill, weight GETs {dict(first_gets)}; "
         f"re-run: {rerun_rows} rows, weight GETs {rerun_gets}; kept copy {region} adopted as "
