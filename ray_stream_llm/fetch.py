@@ -195,14 +195,20 @@ def fetch_metadata_report(
     *,
     object_store: ObjectStoreConfig | None = None,
     require: tuple[str, ...] = REQUIRED_METADATA,
+    wait_out_outages: bool = False,
 ) -> FetchReport:
     """:func:`fetch_model_metadata`, returning what it did: files, bytes, seconds, whether
-    it downloaded, and the streamable weights it left in the store."""
+    it downloaded, and the streamable weights it left in the store. ``wait_out_outages``
+    (the job's actors): a store that cannot be reached is called again until the budget
+    is spent (:class:`~ray_stream_llm.stores.StoreDeadline`), not failed at once."""
     start = time.perf_counter()
     model = uri if isinstance(uri, ModelURI) else parse_model_uri(uri)
     target = Path(dest).expanduser().absolute() if dest else default_metadata_dir(model)
     setting = f"dest ({str(target)!r})" if dest else f"{CACHE_ENV} (the metadata cache)"
-    deadline = StoreDeadline(object_store.timeout_s if object_store is not None else None)
+    deadline = StoreDeadline(
+        object_store.timeout_s if object_store is not None else None,
+        wait_out_outages=wait_out_outages,
+    )
     client, listing = stores.list_model(model, object_store, deadline)
     roles = {o.path: classify(o.path) for o in listing}
     # An object named like our marker would be overwritten by it: never fetched.

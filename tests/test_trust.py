@@ -373,3 +373,59 @@ def test_the_key_safety_rule_refuses_each_unsafe_spelling():
     for bad in ("a//b.json", "./config.json", "a\\b.json"):
         with pytest.raises(ValueError, match="would be written outside"):
             uri.safe_relative(bad)
+
+
+def _cut_at_the_next_bytes(link: TappedLink) -> None:
+    """The link drops at the next bytes the store sends (every connection reset, new ones
+    refused for its ``down_for``)."""
+    link.cut_after_bytes = link.bytes_down
+
+
+def test_a_store_that_drops_is_waited_out_within_the_budget(s3_server, no_aws_env):
+    """In the job's actors (``wait_out_outages``: a node's metadata step and its pull) a
+    store that drops mid-sequence and is back within the budget is a pause: the call that
+    met it is made again once the store answers, and returns the bytes. Measured by the
+    link: connections were refused while it was down, and the reads ended after it was back."""
+    down_for = 4.0
+    with TappedLink(s3_server.port, down_for=down_for) as link:
+        uri, store = _threads_store(s3_server, 3, link.endpoint_url, timeout_s=60)
+        deadline = StoreDeadline(60, wait_out_outages=True)
+        client, listing = stores.list_model(uri, store, deadline, connections=1)
+        _cut_at_the_next_bytes(link)
+        got = [stores.read(client, uri, o.path, deadline, 0, 9, etag=o.etag) for o in listing]
+        ended = time.monotonic()
+    assert got == [bytes([i]) * 10 for i in range(3)]
+    assert link.cut_at is not None and link.refused >= 1, (link.cut_at, link.refused)
+    assert ended >= link.cut_at + down_for  # the last read was answered after the outage
+    print(f"\nstore down {down_for:g}s: {link.refused} connection(s) refused, reads answered")
+
+
+def test_a_store_left_down_fails_within_the_budget_naming_it(s3_server, no_aws_env):
+    """The same store left down: the waiting ends within the budget in a typed error that
+    names the endpoint and the call, and says how long it waited; without
+    ``wait_out_outages`` (the driver's preflight) the first failure is raised at once."""
+    from ray_stream_llm.errors import StoreUnreachableError
+
+    budget = 6.0
+    with TappedLink(s3_server.port, down_for=None) as link:
+        uri, store = _threads_store(s3_server, 3, link.endpoint_url, timeout_s=budget)
+        at_once = StoreDeadline(budget)
+        deadline = StoreDeadline(budget, wait_out_outages=True)
+        client, listing = stores.list_model(uri, store, deadline, connections=1)
+        _cut_at_the_next_bytes(link)
+        stores.read(client, uri, listing[0].path, deadline, 0, 9)  # its answer cuts the link
+        began = time.monotonic()
+        with pytest.raises(StoreUnreachableError) as fast:
+            stores.read(client, uri, listing[1].path, at_once, 0, 9)
+        fast_s = time.monotonic() - began
+        refused = link.refused
+        with pytest.raises(StoreUnreachableError) as err:
+            stores.read(client, uri, listing[1].path, deadline, 0, 9)
+        left = deadline.remaining()
+    message = str(err.value)
+    assert f"127.0.0.1:{link.port}" in message and "reading 'part-0001.bin'" in message, message
+    assert f"of retries, the store's budget of {budget:g}s" in message, message
+    assert left >= 0, f"raised {-left:.2f}s after the budget"
+    assert link.refused >= refused + 2, (refused, link.refused)  # it knocked again, and again
+    assert fast_s < budget / 2 and "of retries" not in str(fast.value)
+    print(f"\nleft down: raised with {left:.1f}s of {budget:g}s left; at once in {fast_s:.1f}s")

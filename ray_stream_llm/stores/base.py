@@ -10,6 +10,7 @@ store unreachable or slow). It imports nothing from the dispatcher
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import sys
 import time
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from ray_stream_llm.stores.settings import ObjectStoreConfig
     from ray_stream_llm.uri import ModelURI
 
+logger = logging.getLogger(__name__)
 T = TypeVar("T")
 TIMEOUT_ENV = "RAY_STREAM_LLM_STORE_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 30.0  # the driver's preflight: it fails fast, before any actor starts
@@ -31,6 +33,10 @@ DEFAULT_TIMEOUT_S = 30.0  # the driver's preflight: it fails fast, before any ac
 # the node's cores, which can keep a process off the CPU for tens of seconds (seen: every
 # node of a three-node job over 30 s while a second job started three engines)
 NODE_TIMEOUT_S = 300.0
+# A store that cannot be reached, waited out (StoreDeadline's wait_out_outages): the first
+# wait before calling it again, doubled up to the last
+OUTAGE_WAIT_S = 0.5
+OUTAGE_MAX_WAIT_S = 5.0
 
 
 def default_budget() -> float:
@@ -224,13 +230,26 @@ class StoreDeadline:
     read timeout bounds each wait for bytes, not a whole response: a store that keeps
     sending a trickle of bytes holds the one request it is answering until it ends, and
     only the next request (or the call's end) sees the budget spent.
+
+    ``wait_out_outages`` (the job's actors: a node's metadata step and its shared pull): a
+    call that fails because the store cannot be reached or did not answer
+    (:class:`~ray_stream_llm.errors.StoreUnreachableError`,
+    :class:`~ray_stream_llm.errors.StoreTimeoutError`) is made again after a back-off
+    (:data:`OUTAGE_WAIT_S` doubling to :data:`OUTAGE_MAX_WAIT_S`) for as long as the budget
+    lasts: a store restarted within the budget is a pause, not a failure. Once no call fits
+    in the budget, the call raises its last error, saying how long it waited (within the
+    budget). Without it (the driver's preflight, the user's own calls) the first failure
+    is raised at once.
     """
 
-    def __init__(self, total: float | None = None):
+    def __init__(self, total: float | None = None, *, wait_out_outages: bool = False):
         if total is None:
             total = default_budget()
         self.total = total
-        self._end = time.monotonic() + total
+        self.wait_out_outages = wait_out_outages
+        self._start = time.monotonic()
+        self._end = self._start + total
+        self._warned = False
 
     @property
     def connect_timeout(self) -> float:
@@ -256,13 +275,48 @@ class StoreDeadline:
     def call(self, where: str, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` in this thread, or a typed timeout naming ``where`` when the budget
         is spent before it starts or when it ends (a timeout it raised itself, one of its
-        requests refused by :meth:`check`, or a late result)."""
-        self.check(where)
-        try:
-            result = fn(*args)
-        except StoreTimeoutError:
-            if self.remaining() <= 0:
-                raise timed_out(where, self.total) from None
-            raise  # its attempts timed out within the budget: the backend named the call
-        self.check(where)
-        return result
+        requests refused by :meth:`check`, or a late result). With ``wait_out_outages``, a
+        store that cannot be reached is called again until the budget is spent."""
+        wait = OUTAGE_WAIT_S
+        while True:
+            self.check(where)
+            try:
+                result = fn(*args)
+            except StoreTimeoutError as exc:
+                if self.remaining() <= 0:
+                    raise timed_out(where, self.total) from None
+                if not self.wait_out_outages:
+                    raise  # its attempts timed out within the budget: the backend named it
+                error: StoreTimeoutError | StoreUnreachableError = exc
+            except StoreUnreachableError as exc:
+                if not self.wait_out_outages:
+                    raise
+                error = exc
+            else:
+                self.check(where)
+                return result
+            wait = self._wait_out(error, where, wait)
+
+    def _wait_out(
+        self, error: StoreTimeoutError | StoreUnreachableError, where: str, wait: float
+    ) -> float:
+        """Sleep ``wait`` s (less where the budget is nearly spent: the last call is made
+        with :data:`OUTAGE_WAIT_S` left) before the call is made again, and return the next
+        wait; or raise ``error``, saying how long the store was waited for, when no call
+        fits in the budget any more."""
+        if self.remaining() <= OUTAGE_WAIT_S:
+            waited = time.monotonic() - self._start
+            raise type(error)(
+                f"{error}; still so after {waited:.0f}s of retries, the store's budget of "
+                f"{self.total:g}s (ObjectStoreConfig.timeout_s)"
+            ) from None
+        if not self._warned:  # once per budget: a pull's ranges meet the same outage
+            self._warned = True
+            logger.warning(
+                "The object store did not answer (%s): %s; retrying for up to %.0fs more",
+                where,
+                error,
+                self.remaining(),
+            )
+        time.sleep(min(wait, self.remaining() - OUTAGE_WAIT_S))
+        return min(wait * 2, OUTAGE_MAX_WAIT_S)

@@ -575,7 +575,9 @@ def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock_fd:
                 logger.warning("%s; its engines stream from the store", message)
                 return
             raise WeightSharingError(message)
-        deadline = StoreDeadline(pull_timeout(sum(o.size for o in objects), _budget(region)))
+        deadline = StoreDeadline(  # a store down between ranges is waited out, then resumed
+            pull_timeout(sum(o.size for o in objects), _budget(region)), wait_out_outages=True
+        )
         client, listing = stores.list_model(uri, None, deadline, connections=WORKERS)
         listed = {o.path: o for o in listing}
         gone = [o.path for o in objects if o.path not in listed]

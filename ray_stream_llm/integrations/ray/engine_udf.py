@@ -84,7 +84,7 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
             )
             if plan.weight_checksums:  # vLLM's processes inherit this actor's environment
                 os.environ[checksums.ENV] = "1"
-            fetched = fetch_metadata_report(plan.uri)
+            fetched = fetch_metadata_report(plan.uri, wait_out_outages=True)
             engine_kwargs = dict(engine_kwargs)
             engine_kwargs.setdefault("served_model_name", uri_text)
             try:  # the node's region where the weights are shared, else the store

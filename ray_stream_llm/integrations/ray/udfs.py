@@ -83,7 +83,9 @@ def _prepare(secret_env: SecretEnv | None, plan: Plan | None, model: Any) -> Any
         secret_env.apply()
     if plan is None:
         return model
-    report = fetch_metadata_report(plan.uri)
+    # a store restarting while the job starts is waited out within its budget: an error
+    # here kills the actor in its creation, and with it the job
+    report = fetch_metadata_report(plan.uri, wait_out_outages=True)
     if (
         plan.shares
         and plan.sharing.node_can_host_an_engine()
