@@ -1,5 +1,6 @@
-"""The fault proxy of ray_stream_llm.tools.link, tapped: what went through it, how long the
-link held each piece of a request, and where a cut fell, counted by the proxy itself."""
+"""The fault proxy of ray_stream_llm.tools.link, tapped: what went through it (each GET's
+byte range included), how long the link held each piece of a request, and where a cut fell,
+counted by the proxy itself."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from typing import Any
 from ray_stream_llm.tools.link import Link
 
 _REQUEST = re.compile(rb"(?:^|\r\n)([A-Z]+) (\S+) HTTP/1\.[01]\r\n")
+# a GET's target and its headers, for the byte range it asked for
+_GET = re.compile(rb"(?:^|\r\n)GET (\S+) HTTP/1\.[01]\r\n(.*?)\r\n\r\n", re.S)
+_RANGE = re.compile(rb"(?im)^range: *bytes=(\d+)-(\d+)")
 ALL = re.compile("")  # TappedLink.hold(None): every piece a client sends
 
 
@@ -46,6 +50,14 @@ class _Client(_Wrapped):
         self.received_at = time.monotonic()
         lines = [f"{m.decode()} {t.decode()}" for m, t in _REQUEST.findall(data)]
         self.link.requests.extend(lines)
+        for target, headers in _GET.findall(data):
+            asked = _RANGE.search(headers)
+            self.link.ranges.append(
+                (
+                    target.decode().split("?")[0],
+                    (int(asked[1]), int(asked[2])) if asked else None,
+                )
+            )
         link = self.link
         if link.holding is not None and (
             link.holding is ALL or any(link.holding.search(line) for line in lines)
@@ -74,6 +86,9 @@ class TappedLink(Link):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.requests: list[str] = []  # "GET /bucket/key?query", in the order sent
+        # each GET's path and byte range (first, last; None: the whole object), in order
+        self.ranges: list[tuple[str, tuple[int, int] | None]] = []
+        self.ranges_at_cut: list[tuple[str, tuple[int, int] | None]] = []
         self.held: list[float] = []  # s between a client's piece coming in and going on
         self.bytes_at_cut: int | None = None
         self.requests_at_cut: list[str] = []
@@ -109,4 +124,5 @@ class TappedLink(Link):
             if self.cut_at is None:
                 self.bytes_at_cut = self.bytes_down
                 self.requests_at_cut = list(self.requests)
+                self.ranges_at_cut = list(self.ranges)
         super()._cut()
