@@ -8,8 +8,8 @@ its place). Staging and swapped-out directories left by a killed process are rem
 by the next publisher of the same target, under the same lock. Directories are made
 readable by every user of the node (0755), files keep the umask's mode.
 
-The lock is an ``fcntl`` lock on local disk: it does not serialise processes on
-different hosts that share the directory over NFS.
+The lock is :func:`ray_stream_llm.files.locked` (its limits are stated there): it does
+not serialise processes on different hosts that share the directory over NFS.
 """
 
 from __future__ import annotations
@@ -21,12 +21,9 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ray_stream_llm.errors import CacheNotWritableError
-
-if TYPE_CHECKING:
-    from filelock import FileLock
+from ray_stream_llm.files import locked, try_locked
 
 CACHE_ENV = "RAY_STREAM_LLM_CACHE"
 DIR_MODE = 0o755
@@ -60,11 +57,9 @@ def _staging_prefixes(target: Path) -> tuple[str, str]:
     return f".{target.name}.tmp-", f".{target.name}.old-"
 
 
-def _lock(target: Path, lock_dir: Path | None) -> FileLock:
-    from filelock import FileLock
-
+def _lock_path(target: Path, lock_dir: Path | None) -> Path:
     locks = make_dirs(lock_dir or cache_root() / "locks", setting=CACHE_ENV)
-    return FileLock(str(locks / (hashlib.sha256(str(target).encode()).hexdigest()[:16] + ".lock")))
+    return locks / (hashlib.sha256(str(target).encode()).hexdigest()[:16] + ".lock")
 
 
 def _remove_stale(target: Path) -> None:
@@ -76,16 +71,12 @@ def _remove_stale(target: Path) -> None:
 def sweep(target: Path, *, lock_dir: Path | None = None) -> None:
     """Remove what a killed publisher of ``target`` left next to it, if any, when its lock
     is free (a publisher holding it is still at work: its staging directory is left alone)."""
-    from filelock import Timeout
-
     prefixes = _staging_prefixes(target)
     if not any(any(target.parent.glob(p + "*")) for p in prefixes):
         return
-    try:
-        with _lock(target, lock_dir).acquire(timeout=0):
+    if (held := try_locked(_lock_path(target, lock_dir))) is not None:
+        with held:
             _remove_stale(target)
-    except Timeout:
-        pass
 
 
 @contextlib.contextmanager
@@ -96,7 +87,7 @@ def publishing(
     the caller has either moved the staging directory into place with :func:`replace`
     or left it to be removed. Stale staging directories of ``target`` are removed first."""
     make_dirs(target.parent, setting=setting)
-    with _lock(target, lock_dir):
+    with locked(_lock_path(target, lock_dir)):
         _remove_stale(target)
         try:
             staging = Path(tempfile.mkdtemp(prefix=_staging_prefixes(target)[0], dir=target.parent))

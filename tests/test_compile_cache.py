@@ -22,6 +22,7 @@ import pytest
 from helpers import compile_store
 from helpers.jobs import run_isolated
 
+from ray_stream_llm.files import try_locked
 from ray_stream_llm.integrations.vllm import compile_cache, compile_target
 
 QUESTIONS = ["hello world", "ray data"]
@@ -434,14 +435,12 @@ def test_an_engine_waits_for_the_node_compile_then_loads_or_compiles_itself(
 def test_the_wait_for_another_engines_compile_is_bounded(tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_STREAM_LLM_CACHE", str(tmp_path / "cache"))
     artifact = str(tmp_path / "model")
-    fd = compile_cache._try_lock(compile_cache._lock_path(artifact))  # held by "another"
-    assert fd is not None
-    try:
+    held = try_locked(compile_cache._lock_path(artifact))  # held by "another"
+    assert held is not None
+    with held:
         start = time.monotonic()
         assert compile_cache.claim_or_wait(artifact, lambda: "x", wait_s=1.0) is None
         assert 1.0 <= time.monotonic() - start < 10
-    finally:
-        os.close(fd)
 
 
 # --- the store's half, against the real S3 server (no engine; GCS and Azure: test_gcs.py,

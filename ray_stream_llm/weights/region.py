@@ -29,7 +29,8 @@ ray_stream_llm.weights.region reap <region>``) that removes the region
 once no live process holds a reference, and exits. A region left by a dead job is
 removed by that job's reaper, or reclaimed by the next job that makes the same one.
 
-The locks are ``fcntl`` locks on the local node: regions are per node by design.
+The locks are :func:`ray_stream_llm.files.locked` (its limits are stated there), of the
+local node: regions are per node by design.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import itertools
 import json
@@ -60,7 +60,7 @@ from ray_stream_llm.errors import (
     RayStreamLLMError,
     WeightSharingError,
 )
-from ray_stream_llm.files import write_whole
+from ray_stream_llm.files import HeldLock, locked, try_locked, write_whole
 from ray_stream_llm.stores import ObjectInfo, StoreDeadline
 from ray_stream_llm.uri import ModelURI, parse_model_uri
 from ray_stream_llm.weights.marks import (
@@ -217,18 +217,13 @@ def _locked(region: Path) -> Iterator[None]:
     """The region's lock, on the region that exists now (re-made if a reaper removed it)."""
     while True:
         (region / ".refs").mkdir(parents=True, exist_ok=True)
-        fd = os.open(region / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                same = os.stat(region / ".lock").st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                yield
-                return
-        finally:
-            os.close(fd)  # releases the lock
+            held = locked(region / ".lock")
+        except FileNotFoundError:  # the region went while this process waited
+            continue
+        with held:
+            yield
+            return
 
 
 def memory_problem(
@@ -419,15 +414,12 @@ def _reuse_warm(region: Path, keep_warm_s: float) -> None:
 def _pull_free(region: Path) -> bool:
     """Whether no process is pulling into ``region`` (its pull lock is free)."""
     try:
-        fd = os.open(region / ".pull.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        held = try_locked(region / ".pull.lock")
     except OSError:
         return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if held is None:
         return False
-    finally:
-        os.close(fd)
+    held.release()
     return True
 
 
@@ -436,15 +428,12 @@ def start_pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...]) -> 
     pulling; True when this process pulls."""
     if all(done(region, o.path) for o in objects):
         return False
-    fd = os.open(region / ".pull.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+    held = try_locked(region / ".pull.lock")
+    if held is None:
         return False
     (region / FAILED).unlink(missing_ok=True)  # a new attempt
     thread = threading.Thread(
-        target=_pull, args=(region, uri, objects, fd), daemon=True, name="rsl-node-pull"
+        target=_pull, args=(region, uri, objects, held), daemon=True, name="rsl-node-pull"
     )
     thread.start()
     return True
@@ -557,7 +546,7 @@ def _pull_file(
     return written - have
 
 
-def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock_fd: int) -> None:
+def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock: HeldLock) -> None:
     from ray_stream_llm import stores
 
     started = time.time()
@@ -634,7 +623,7 @@ def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock_fd:
         _fail(region, f"{type(exc).__name__}: {exc}")
         logger.warning("The shared pull of %s failed: %s: %s", uri, type(exc).__name__, exc)
     finally:
-        os.close(lock_fd)
+        lock.release()
 
 
 def _kv_cache_engines(region: Path) -> int:

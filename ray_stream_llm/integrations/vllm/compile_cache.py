@@ -50,7 +50,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ray_stream_llm.files import write_whole
+from ray_stream_llm.files import HeldLock, try_locked, write_whole
 from ray_stream_llm.integrations.vllm.touchpoints import LOAD_FAILURE
 
 # set by the engine actor: where each of its processes writes what it measured
@@ -227,7 +227,7 @@ def stable_key() -> bool:
 WAIT_ENV = "RAY_STREAM_LLM_COMPILE_WAIT_S"
 DEFAULT_WAIT_S = 1800.0
 _ONCE = "_rsl_compile_once"
-_held: dict[str, int] = {}  # artifact path -> the fd of the lock this process holds
+_held: dict[str, HeldLock] = {}  # artifact path -> the lock this process holds
 _artifacts: list[str] = []  # the AOT artifact paths this process's engine looked up
 # in vLLM's processes only vLLM's logger has a handler: its child shows with vLLM's lines
 _engine_log = logging.getLogger("vllm.ray_stream_llm")
@@ -241,28 +241,10 @@ def _lock_path(artifact: str) -> str:
     return str(locks / (hashlib.sha256(artifact.encode()).hexdigest()[:32] + ".lock"))
 
 
-def _try_lock(path: str) -> int | None:
-    """An exclusive ``flock`` on ``path`` without waiting: its fd, or None when another
-    process holds it (released by the kernel when that process ends)."""
-    import fcntl
-
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
-
-
 def _release() -> None:
     """Drop every compile lock this process holds."""
-    import fcntl
-
     while _held:
-        _, fd = _held.popitem()
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+        _held.popitem()[1].release()
 
 
 def claim_or_wait(artifact: str, load: Any, wait_s: float | None = None) -> Any:
@@ -276,10 +258,10 @@ def claim_or_wait(artifact: str, load: Any, wait_s: float | None = None) -> Any:
     deadline = time.monotonic() + wait_s
     start = time.monotonic()
     while True:
-        fd = _try_lock(lock)
-        if fd is not None:  # nobody compiles it now
+        held = try_locked(lock)
+        if held is not None:  # nobody compiles it now
             if os.path.exists(artifact):  # saved whole: its maker let go after the save
-                os.close(fd)
+                held.release()
                 loaded = load()
                 if loaded is not None:
                     _engine_log.info(
@@ -288,7 +270,7 @@ def claim_or_wait(artifact: str, load: Any, wait_s: float | None = None) -> Any:
                         time.monotonic() - start,
                     )
                 return loaded
-            _held[artifact] = fd  # this process compiles it
+            _held[artifact] = held  # this process compiles it
             return None
         # another engine holds it: its artifact is read only once it lets go (its compile
         # block ends after the save), never while the file may still be being written
