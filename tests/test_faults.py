@@ -142,6 +142,51 @@ def test_store_stays_away_fails_with_the_cause(s3_server, tiny_models, work):
     print(f"\nstore cut at {cut_after:.1f}s, job failed at {seconds:.1f}s")
 
 
+def test_store_left_down_mid_pull_fails_within_the_budget_naming_it(s3_server, tiny_models, work):
+    """The library's defaults, the store gone mid-pull for good, a store budget of 15 s
+    (ObjectStoreConfig.timeout_s): the node's pull waits for it for that budget and gives
+    up; the job ends in one typed store error naming the endpoint, without an engine start
+    retried to wait the budget again, and leaves nothing in /dev/shm."""
+    model = tiny_models["sharded"]
+    sizes = {
+        w: (model.local / w).stat().st_size for w in model.weights if w.endswith(".safetensors")
+    }
+    budget = 15.0
+    cut_after_bytes, metadata, weights = _mid_weights(model)
+    with TappedLink(s3_server.port, cut_after_bytes=cut_after_bytes, down_for=None) as proxy:
+        start = time.monotonic()
+        out, written, seconds = run_isolated(
+            s3_server,
+            work,
+            model.uri,
+            "runai_streamer",
+            QUESTIONS,
+            max_tokens=16,
+            object_store={**store_through(s3_server, proxy.endpoint_url), "timeout_s": budget},
+            expect_failure=True,
+        )
+        assert proxy.cut_at is not None, "no fault injected"
+        cut_after = proxy.cut_at - start
+        failed_after = time.monotonic() - proxy.cut_at
+        before = _pull_ranges(proxy.ranges_at_cut, sizes)
+        assert before and set(before) != set(sizes), before  # the cut fell inside the pull
+        assert proxy.refused >= 2, proxy.refused  # it knocked again while waiting
+        endpoint = proxy.endpoint_url.removeprefix("http://")
+    error = out.get("error")
+    assert error and error["class"] in ("StoreUnreachableError", "StoreTimeoutError"), out["log"][
+        -3000:
+    ]
+    assert endpoint in error["message"] and f"store's budget of {budget:g}s" in error["message"]
+    assert "failed to start while loading its weights" not in out["log"]  # not retried
+    assert not (work / "out.json").exists()
+    assert written == {} and out["shm_left"] == []
+    print(
+        f"\nstore cut at {cut_after:.1f}s (pull's files before it {before}), job failed "
+        f"{failed_after:.1f}s after the cut ({seconds:.1f}s in all), budget {budget:g}s: "
+        f"{error['class']}: {error['message'][:300]}"
+    )
+
+
 # --- one job, two proofs: a slow store, and store settings given only in the config --------
 # (the session's sharded_job, tests/conftest.py, which test_sharing also takes as its control)
 def test_slow_store_still_completes(sharded_job):

@@ -37,6 +37,9 @@ NODE_TIMEOUT_S = 300.0
 # wait before calling it again, doubled up to the last
 OUTAGE_WAIT_S = 0.5
 OUTAGE_MAX_WAIT_S = 5.0
+# in the message of a call that waited the store out for its whole budget (a node's pull
+# writes it into its failure mark; the engine actor then does not retry to wait again)
+WAITED_OUT = "of retries, the store's budget"
 
 
 def default_budget() -> float:
@@ -307,8 +310,8 @@ class StoreDeadline:
         if self.remaining() <= OUTAGE_WAIT_S:
             waited = time.monotonic() - self._start
             raise type(error)(
-                f"{error}; still so after {waited:.0f}s of retries, the store's budget of "
-                f"{self.total:g}s (ObjectStoreConfig.timeout_s)"
+                f"{error}; still so after {waited:.0f}s {WAITED_OUT} of {self.total:g}s "
+                "(ObjectStoreConfig.timeout_s)"
             ) from None
         if not self._warned:  # once per budget: a pull's ranges meet the same outage
             self._warned = True

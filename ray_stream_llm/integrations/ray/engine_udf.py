@@ -16,7 +16,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ray_stream_llm.errors import EngineStartError, RayStreamLLMError, WeightLoadError
+from ray_stream_llm.errors import (
+    EngineStartError,
+    RayStreamLLMError,
+    StoreTimeoutError,
+    StoreUnreachableError,
+    WeightLoadError,
+)
 from ray_stream_llm.fetch import FetchReport, fetch_metadata_report
 from ray_stream_llm.integrations.ray.engine_stage import engine_stage_shims, vLLMEngineStageUDF
 from ray_stream_llm.integrations.ray.progress import progress_enabled
@@ -36,8 +42,10 @@ from ray_stream_llm.lora import fetch_adapter
 from ray_stream_llm.plan import Plan
 from ray_stream_llm.redact import redact
 from ray_stream_llm.reports import build_report
+from ray_stream_llm.stores.base import WAITED_OUT
 from ray_stream_llm.uri import ModelURI
 from ray_stream_llm.weights import memory
+from ray_stream_llm.weights.marks import FAILED
 from ray_stream_llm.weights.source import WeightSource, acquire
 
 logger = logging.getLogger(__name__)
@@ -84,7 +92,11 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
             )
             if plan.weight_checksums:  # vLLM's processes inherit this actor's environment
                 os.environ[checksums.ENV] = "1"
-            fetched = fetch_metadata_report(plan.uri, wait_out_outages=True)
+            try:
+                fetched = fetch_metadata_report(plan.uri, wait_out_outages=True)
+            except RayStreamLLMError as exc:
+                store_failure(exc)  # for ray_stream_llm.typed_errors() on the driver
+                raise
             engine_kwargs = dict(engine_kwargs)
             engine_kwargs.setdefault("served_model_name", uri_text)
             try:  # the node's region where the weights are shared, else the store
@@ -128,7 +140,9 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
             except Exception as exc:  # the engine did not start: why?
                 self._release_engine()
                 delay = (plan.load_retry_backoff_s if plan else 0.0) * 2 ** (attempt - 1)
-                error = _start_failure(uri_text, plan, exc, watcher, attempt, attempts)
+                error = _budget_spent(uri_text, self._weights) or _start_failure(
+                    uri_text, plan, exc, watcher, attempt, attempts
+                )
                 if error is not None:
                     store_failure(error)  # for ray_stream_llm.typed_errors() on the driver
                     raise error from exc
@@ -269,6 +283,29 @@ def _start_failure(
         f"(not retried): {cause}. Fix the engine settings (engine_kwargs) or the node's "
         "resources; the engine's log has the full traceback"
     )
+
+
+def _budget_spent(uri: str, weights: WeightSource | None) -> RayStreamLLMError | None:
+    """The node's pull's typed store error when it waited the store out for the whole of the
+    store's budget (its failure mark says so): the budget is the job's, not one start's, so
+    the start is not retried to wait again. None otherwise (a store that failed early, or
+    no region)."""
+    region = getattr(weights, "region", None)
+    if region is None:
+        return None
+    try:
+        message = (Path(region) / FAILED).read_text()
+    except OSError:
+        return None
+    for kind in (StoreUnreachableError, StoreTimeoutError):
+        prefix = f"{kind.__name__}: "
+        if message.startswith(prefix) and WAITED_OUT in message:
+            return kind(
+                f"the node's pull of the weights of {uri!r} waited for the object store and "
+                f"gave up (not retried): {message.removeprefix(prefix)}. Check the store and "
+                "the network; ObjectStoreConfig.timeout_s sets how long a store is waited for"
+            )
+    return None
 
 
 def _store_check(model: ModelURI) -> str:

@@ -13,6 +13,7 @@ import logging
 import os
 from typing import Any
 
+from ray_stream_llm.errors import RayStreamLLMError
 from ray_stream_llm.fetch import fetch_metadata_report
 from ray_stream_llm.integrations.ray.compat import (
     ChatTemplateUDF,
@@ -21,6 +22,7 @@ from ray_stream_llm.integrations.ray.compat import (
     TokenizeUDF,
     ray_stage_shims,
 )
+from ray_stream_llm.integrations.ray.telemetry import store_failure
 from ray_stream_llm.integrations.vllm.plugin import plugin_inactive_reason
 from ray_stream_llm.plan import Plan
 from ray_stream_llm.stores.settings import ObjectStoreConfig
@@ -85,7 +87,11 @@ def _prepare(secret_env: SecretEnv | None, plan: Plan | None, model: Any) -> Any
         return model
     # a store restarting while the job starts is waited out within its budget: an error
     # here kills the actor in its creation, and with it the job
-    report = fetch_metadata_report(plan.uri, wait_out_outages=True)
+    try:
+        report = fetch_metadata_report(plan.uri, wait_out_outages=True)
+    except RayStreamLLMError as exc:
+        store_failure(exc)  # for ray_stream_llm.typed_errors() on the driver
+        raise
     if (
         plan.shares
         and plan.sharing.node_can_host_an_engine()
