@@ -175,7 +175,7 @@ ON_WHEEL = mkdir -p build/on-wheel && cd build/on-wheel &&
 CONTRACT := $(T)/test_compat.py $(T)/test_pure.py $(T)/test_report.py --on-wheel
 SAME_VLLM := --deselect tests/test_compat.py::test_the_kv_cache_bound_counts_a_token_as_vllm_does
 JUNIT = --junit-xml=$(CURDIR)/$(DURATIONS)/$(1).xml
-STORE_PACKAGES := boto3 botocore s3transfer urllib3 pyarrow pydantic pydantic-core filelock \
+STORE_PACKAGES := boto3 botocore s3transfer urllib3 pyarrow pydantic pydantic-core \
 	runai-model-streamer runai-model-streamer-s3
 versions = $(1)/bin/python -c "import importlib.metadata as m; \
 	[print(p, m.version(p)) for p in '$(STORE_PACKAGES)'.split()]"
