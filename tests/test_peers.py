@@ -35,22 +35,33 @@ def base():
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture
-def cluster(work, monkeypatch):
-    """Three Ray nodes, one user slot each; the driver connected."""
+def _ray_nodes(work, monkeypatch, names):
+    """Ray nodes, one user slot each (resource ``<name>``); stopped after the test."""
     import ray
     from ray.cluster_utils import Cluster
 
     monkeypatch.setenv("RAY_TMPDIR", str(work))
     made = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 1, "resources": {NODES[0]: 1}, "include_dashboard": False},
+        head_node_args={"num_cpus": 1, "resources": {names[0]: 1}, "include_dashboard": False},
     )
-    for name in NODES[1:]:
+    for name in names[1:]:
         made.add_node(num_cpus=1, resources={name: 1})
     yield made
     ray.shutdown()
     made.shutdown()
+
+
+@pytest.fixture
+def cluster(work, monkeypatch):
+    """Three Ray nodes, one user slot each."""
+    yield from _ray_nodes(work, monkeypatch, NODES)
+
+
+@pytest.fixture
+def first_nodes(work, monkeypatch, request):
+    """``request.param`` Ray nodes (the test adds the others)."""
+    yield from _ray_nodes(work, monkeypatch, NODES[: request.param])
 
 
 def _users(cluster, env, uri, base, nodes=NODES):
@@ -87,7 +98,8 @@ def _users(cluster, env, uri, base, nodes=NODES):
         def done(self):
             self.weights.release()
 
-    return [User.options(resources={n: 1}).remote(uri, str(base)) for n in nodes]
+    # half a node's slot: two users may share a node
+    return [User.options(resources={n: 0.5}).remote(uri, str(base)) for n in nodes]
 
 
 def _named_actors():
@@ -98,6 +110,17 @@ def _named_actors():
         for a in ray.util.list_named_actors(all_namespaces=True)
         if a["namespace"] == "ray_stream_llm"
     ]
+
+
+def _tree(key: str) -> dict:
+    """The model's directory's tree (each node's parent), {} before it is made."""
+    import ray
+
+    try:
+        directory = ray.get_actor(peers.directory_name(key), namespace=peers.NAMESPACE)
+        return dict(ray.get(directory.tree.remote(), timeout=30))
+    except (ValueError, ray.exceptions.RayActorError):
+        return {}
 
 
 def _finish(users, regions):
@@ -152,6 +175,107 @@ def test_three_nodes_read_the_store_once_and_fill_from_each_other(
     # the children filled while the root still read the store (1 MiB/s: seconds)
     assert all(s["started"] < status[root]["finished"] for s in children)
     _finish(users, regions)
+
+
+@pytest.mark.parametrize("first_nodes", [2, 1], indirect=True, ids=["after-two", "after-one"])
+def test_a_node_added_after_the_others_filled_fills_from_a_peer(
+    s3_server, s3_env, tiny_models, base, first_nodes
+):
+    """Issue 33 item 3 (an autoscaled or replaced node): the cluster's first nodes fill
+    (one from the store, the other from it; or one node alone, whose pull starts the
+    directory and its server beside it); a node joins the cluster afterwards and a user on
+    it takes the region: it copies every byte from a peer and reads none from the store,
+    the store served each weight range once for the whole cluster, and nothing is left."""
+    import ray
+
+    model = copy_model(s3_server, tiny_models["sharded"], "peers-later")
+    objects = fetch_metadata_report(model.uri).weight_objects
+    size = sum(o.size for o in objects)
+    log = AccessLog(s3_server)
+    env = dict(s3_env)
+    before = len(first_nodes.list_all_nodes())  # 2 or 1
+    first = _users(first_nodes, env, model.uri, base, nodes=NODES[:before])
+    ray.get([u.wait.remote() for u in first])
+    where = ray.get([u.where.remote() for u in first])
+    regions = [r for r, _ in where]
+    status = _statuses(regions)
+    sources = sorted(s["source"].split()[0] for s in status.values())
+    assert sources == ["peer", "store"][2 - before :], status
+    # each is in the model's directory with its server (a node alone joins beside its
+    # pull: wait for it), they are whole and their users hold them: a node joins now
+    key = Path(regions[0]).name
+    deadline = time.monotonic() + 60
+    while len(_tree(key)) < before:
+        assert time.monotonic() < deadline, _tree(key)
+        time.sleep(0.1)
+    assert peers.cluster_nodes() == before
+    first_nodes.add_node(num_cpus=1, resources={NODES[before]: 1})
+    first_nodes.wait_for_nodes()
+    [late] = _users(first_nodes, env, model.uri, base, nodes=[NODES[before]])
+    ray.get(late.wait.remote())
+    late_region, late_node = ray.get(late.where.remote())
+    assert late_node not in {n for _, n in where} and late_region not in regions
+    for o in objects:
+        assert (Path(late_region) / o.path).read_bytes() == (model.local / o.path).read_bytes()
+    late_status = _statuses([late_region])[late_region]
+    print(json.dumps({**status, late_region: late_status}, indent=1))
+    assert late_status["source"].startswith("peer "), late_status
+    assert late_status["store_bytes"] == 0 and late_status["peer_bytes"] == size, late_status
+    gets = log.gets(prefix_of(model.uri))
+    assert {k: v for k, v in gets.items() if k.endswith(".safetensors")} == {
+        prefix_of(model.uri) + o.path: math.ceil(o.size / node_weights.CHUNK) for o in objects
+    }  # once for the whole cluster
+    _finish([*first, late], [*regions, late_region])
+
+
+@pytest.mark.parametrize("first_nodes", [1], indirect=True)
+def test_a_whole_region_taken_again_serves_the_nodes_that_join_later(
+    s3_server, s3_env, tiny_models, base, first_nodes
+):
+    """A node's region is whole and its server is gone (as when the region was kept warm
+    from an earlier Ray session, whose actors ended with it: here the server is killed);
+    a second user on that node takes the region, which has nothing to pull: the node's
+    server starts again and is in the tree, so a node added afterwards copies from it and
+    reads nothing from the store."""
+    import ray
+
+    model = copy_model(s3_server, tiny_models["sharded"], "peers-whole")
+    size = sum(o.size for o in fetch_metadata_report(model.uri).weight_objects)
+    env = dict(s3_env)
+    [first] = _users(first_nodes, env, model.uri, base, nodes=NODES[:1])
+    ray.get(first.wait.remote())
+    region, node = ray.get(first.where.remote())
+    key = Path(region).name
+    deadline = time.monotonic() + 60
+    while _tree(key) != {node: None}:
+        assert time.monotonic() < deadline, _tree(key)
+        time.sleep(0.1)
+    old = ray.get_actor(peers.server_name(key, node), namespace=peers.NAMESPACE)
+    old_pid = ray.get(old.pid.remote())
+    ray.kill(old)
+    [again] = _users(first_nodes, env, model.uri, base, nodes=NODES[:1])
+    assert ray.get(again.where.remote()) == (region, node)  # the same region, whole
+
+    def server_pid() -> int | None:
+        try:
+            server = ray.get_actor(peers.server_name(key, node), namespace=peers.NAMESPACE)
+            return int(ray.get(server.pid.remote(), timeout=10))
+        except (ValueError, ray.exceptions.RayActorError):
+            return None
+
+    while server_pid() in (None, old_pid):
+        assert time.monotonic() < deadline, "the node's server never started again"
+        time.sleep(0.1)
+    first_nodes.add_node(num_cpus=1, resources={NODES[1]: 1})
+    first_nodes.wait_for_nodes()
+    [late] = _users(first_nodes, env, model.uri, base, nodes=NODES[1:2])
+    ray.get(late.wait.remote())
+    late_region, _ = ray.get(late.where.remote())
+    status = _statuses([late_region])[late_region]
+    print(json.dumps(status, indent=1))
+    assert status["source"] == f"peer {node[:16]}" and status["peers_lost"] == [], status
+    assert status["store_bytes"] == 0 and status["peer_bytes"] == size, status
+    _finish([first, again, late], [region, late_region])
 
 
 def test_a_byte_damaged_in_a_peers_copy_is_a_typed_error_never_a_served_weight(

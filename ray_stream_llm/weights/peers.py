@@ -1,14 +1,18 @@
 """A node's region filled from another node's region over Ray: one store read per cluster.
 
-Where the plan shares weights with peers (``weight_peers``, the fan-out, 2 by default) and
-the Ray cluster has more than one node, each node's puller (:func:`ray_stream_llm.weights.
-region.start_pull`) first joins the model's *directory*: a detached Ray actor named for the
-region's key (``rsl-peers-<key>``, namespace ``ray_stream_llm``, created by the first node
-that asks, atomically). Every node also starts its *server*, a detached actor pinned to its
-node (``rsl-peer-<key>-<node>``) that reads ranges of the node's region files for other
-nodes. The directory gives each node that joins a parent: the earliest node that serves
-fewer than ``weight_peers`` others and is not below it in the tree (a tree, not a star: a
-node serves while it fills), or none: that node reads the store. The copy goes range by
+Where the plan shares weights with peers (``weight_peers``, the fan-out, 2 by default),
+each node's puller in a Ray worker (:func:`ray_stream_llm.weights.region.start_pull`) joins
+the model's *directory*: a detached Ray actor named for the region's key (``rsl-peers-<key>``,
+namespace ``ray_stream_llm``, created by the first node that asks, atomically). Every node
+also starts its *server*, a detached actor pinned to its node (``rsl-peer-<key>-<node>``)
+that reads ranges of the node's region files for other nodes. Both ask for no CPU, and
+both start on a cluster of one node too, so that a node that joins later (an autoscaled
+or replaced one) fills from a peer: a node alone in its cluster reads the store at once
+and joins beside its pull (:func:`join`); a node that finds its region already whole (kept
+warm across Ray sessions) joins as a server (:func:`serve`). The directory gives each node
+that joins a parent: the earliest node that serves fewer than ``weight_peers`` others and
+is not below it in the tree (a tree, not a star: a node serves while it fills), or none:
+that node reads the store. The copy goes range by
 range through Ray's object manager; a range is served once the parent has it (its puller
 records the contiguous prefix of each file it writes, ``.partial/<name>``, in
 ``.progress/<name>``; a whole file is served from ``<name>``), so a node's engines stream
@@ -23,7 +27,8 @@ or stalls for :data:`STALL_S` is reported lost: the directory hands the node ano
 or the store, and the pull goes on from the range it was at, pinned to the same ETag.
 
 The actors end themselves: a server when its node's region is removed (it tells the
-directory), the directory when its last server has left.
+directory), the directory when its last server has left. A region kept warm (``keep_warm_s``)
+keeps its marker, so its server serves, and the directory lives, until it is removed.
 """
 
 from __future__ import annotations
@@ -98,13 +103,16 @@ class Directory:
         self.members[node]["parent"] = parent
         return parent, (self.members[parent]["server"] if parent else None)
 
-    def join(self, node: str, server: Any) -> tuple[str | None, Any]:
+    def join(self, node: str, server: Any, whole: bool = False) -> tuple[str | None, Any]:
         """``node`` fills its region: its parent's node and server, or (None, None) for
-        the store."""
+        the store. ``whole``: its region is whole already; it only serves (no parent)."""
         if node not in self.members:
             self.joined += 1
             self.members[node] = {"server": server, "parent": None, "order": self.joined}
         self.members[node]["server"] = server
+        if whole:
+            self.members[node]["parent"] = None
+            return None, None
         return self._parent_for(node)
 
     def lost(self, node: str, peer: str) -> tuple[str | None, Any]:
@@ -141,7 +149,10 @@ class Server:
         self.region = Path(region)
         self._watching = False
         # the only files it serves: the region's weight objects, as its marker lists them
-        meta = json.loads((self.region / CREATED).read_text())
+        try:
+            meta = json.loads((self.region / CREATED).read_text())
+        except FileNotFoundError:  # removed as this started: serve_until_gone ends it
+            meta = {"objects": []}
         self.names = frozenset(o["path"] for o in meta["objects"])
 
     def read(self, name: str, start: int, end: int) -> bytes:
@@ -231,7 +242,7 @@ class PeerRead:
         directory: Any,
         node: str,
         parent: tuple[str | None, Any],
-        server_pid: int,
+        server_pid: int | None,
         store_read: Callable[[str, int, int], bytes],
     ):
         self.region, self.directory, self.node = region, directory, node
@@ -295,6 +306,20 @@ class PeerRead:
                 continue
             return str(found), f"peer node {parent[:16]}"
 
+    def attach(self, fanout: int) -> None:
+        """Join the tree beside the pull (this node was alone in its cluster when its pull
+        began: it reads the store meanwhile); where the directory gives it a parent (a node
+        that joined first), the ranges not yet read come from that peer."""
+        joined = _attach(self.region, self.node, fanout)
+        if joined is None:
+            return
+        directory, parent, server_pid = joined
+        with self.lock:
+            self.directory, self.server_pid = directory, server_pid
+            self.parent, self.server = parent
+            self.generation += 1
+            self._record()
+
     def _replace(self, parent: str, generation: int, exc: BaseException) -> None:
         import ray
 
@@ -328,19 +353,18 @@ class PeerRead:
         }
 
 
-def join(
-    region: Path, store_read: Callable[[str, int, int], bytes], fanout: int
-) -> PeerRead | None:
-    """In a Ray worker pulling ``region`` on a cluster of several nodes: this node's server
-    started, the tree joined; the reads to pull with, or None (one node, not in Ray, or
-    Ray refused: the store, as without peers)."""
+def _attach(
+    region: Path, node: str, fanout: int, whole: bool = False
+) -> tuple[Any, tuple[str | None, Any], int] | None:
+    """This node's server started and the tree joined: the directory, this node's parent
+    (node and server; (None, None): the store) and its server's pid; None where Ray
+    refused (a warning says so: the store, as without peers). The server watches its
+    region from its start, whatever happens here (this process may be ended mid-join):
+    once the region goes, it leaves the tree and ends, and the directory with its last
+    member. A region removed before this node was in the tree leaves it from here."""
     import ray
-
-    if not ray.is_initialized() or cluster_nodes() < 2:
-        return None
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    node = ray.get_runtime_context().get_node_id()
     key = region.name
     try:
         server = (
@@ -357,6 +381,15 @@ def join(
             .remote(str(region))
         )
         server.serve_until_gone.remote(directory_name(key), node)
+    except Exception as exc:
+        logger.warning(
+            "Could not start the peer server of %s (%s: %s): this node reads the store",
+            region,
+            type(exc).__name__,
+            exc,
+        )
+        return None
+    try:
         for attempt in range(3):  # a directory that ended as this node asked: make another
             directory = (
                 _actor_class(Directory)
@@ -370,11 +403,13 @@ def join(
                 .remote(fanout)
             )
             try:
-                parent = ray.get(directory.join.remote(node, server), timeout=60)
+                parent = ray.get(directory.join.remote(node, server, whole), timeout=60)
                 break
             except ray.exceptions.RayActorError:
                 if attempt == 2:
                     raise
+        if not (region / CREATED).exists():  # its server may have left before this joined
+            directory.leave.remote(node)
         server_pid = ray.get(server.pid.remote(), timeout=60)
     except Exception as exc:
         logger.warning(
@@ -384,9 +419,49 @@ def join(
             exc,
         )
         return None
+    return directory, parent, server_pid
+
+
+def join(
+    region: Path, store_read: Callable[[str, int, int], bytes], fanout: int
+) -> PeerRead | None:
+    """In a Ray worker pulling ``region``: this node's server started, the tree joined;
+    the reads to pull with, or None (not in Ray, or Ray refused: the store, as without
+    peers). A node alone in its cluster reads the store at once and joins beside its pull
+    (:meth:`PeerRead.attach`): the directory and its server are there for the nodes that
+    join later."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    node = ray.get_runtime_context().get_node_id()
+    if cluster_nodes() < 2:
+        alone = PeerRead(region, None, node, (None, None), None, store_read)
+        threading.Thread(
+            target=alone.attach, args=(fanout,), daemon=True, name="rsl-peers-join"
+        ).start()
+        return alone
+    joined = _attach(region, node, fanout)
+    if joined is None:
+        return None
+    directory, parent, server_pid = joined
     logger.info(
         "Weights of %s from %s",
         region,
         f"peer node {parent[0][:16]}" if parent[0] else "the store",
     )
     return PeerRead(region, directory, node, parent, server_pid, store_read)
+
+
+def serve(region: Path, fanout: int) -> None:
+    """In a Ray worker that found ``region`` whole (nothing to pull: kept warm, perhaps
+    from an earlier Ray session whose actors are gone): this node's server started and in
+    the tree, in the background, so that nodes that join later copy from it."""
+    import ray
+
+    if not ray.is_initialized():
+        return
+    node = ray.get_runtime_context().get_node_id()
+    threading.Thread(
+        target=_attach, args=(region, node, fanout, True), daemon=True, name="rsl-peers-serve"
+    ).start()

@@ -427,6 +427,7 @@ def start_pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...]) -> 
     """Pull what is missing in a background thread, unless all is there or someone is
     pulling; True when this process pulls."""
     if all(done(region, o.path) for o in objects):
+        _serve_peers(region)
         return False
     held = try_locked(region / ".pull.lock")
     if held is None:
@@ -437,6 +438,16 @@ def start_pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...]) -> 
     )
     thread.start()
     return True
+
+
+def _serve_peers(region: Path) -> None:
+    """A whole region serves the nodes that join later (kept warm from an earlier Ray
+    session, its peer actors gone with that session): :func:`peers.serve`."""
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        if fanout := int(_marker(region).get("peers") or 0):
+            from ray_stream_llm.weights import peers
+
+            peers.serve(region, fanout)
 
 
 def _changed(listed: dict[str, ObjectInfo], objects: tuple[ObjectInfo, ...]) -> list[str]:
