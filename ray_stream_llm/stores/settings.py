@@ -100,10 +100,13 @@ class ObjectStoreConfig(BaseModel):
         default=DEFAULT_TIMEOUT_S,
         gt=0,
         le=3600,
-        description="Seconds the driver's preflight, and each node's metadata fetch, may spend "
-        "on store calls in all (connect and read timeouts and retries inside it) before a "
-        "StoreTimeoutError. Unset: 30 s on the driver and 300 s in the job's actors (their "
-        "calls run beside engines compiling on the node).",
+        description="Seconds the driver's preflight, and each node's metadata fetch and shared "
+        "pull, may spend on store calls in all (connect and read timeouts and retries inside "
+        "it) before a StoreTimeoutError. The driver fails at the first unreachable call; the "
+        "job's actors wait out a store that drops (retrying until the budget is spent), then "
+        "raise StoreUnreachableError or StoreTimeoutError naming the endpoint. Unset: 30 s on "
+        "the driver and 300 s in the job's actors (their calls run beside engines compiling "
+        "on the node).",
     )
     streamer_concurrency: int | None = Field(
         default=None,
