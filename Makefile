@@ -18,7 +18,7 @@ PYTEST := $(PY) -m pytest
 # does); their editable installs of this checkout write the same ray_stream_llm.egg-info,
 # so those take turns.
 EDITABLE_LOCK := flock .venvs/.editable.lock
-FAST := -m "not s3 and not gcs and not azure and not e2e"
+FAST := tests/unit
 
 .PHONY: setup setup-compat wheel azurite demo test test-one-stream test-main test-stream-a test-stream-b test-main-b test-compat test-slow test-fast lint format typecheck bench clean
 
@@ -62,7 +62,7 @@ COMPAT_RAY := 2.48.0 2.54.1
 COMPAT := .venvs/ray-
 VLLM_NEXT := .venvs/vllm-0.32.0
 # a Ray 2.60 cluster's environment without the library (the job-submission example ships
-# the wheel to it in its runtime_env: tests/test_examples.py)
+# the wheel to it in its runtime_env: tests/e2e/test_examples.py)
 BARE := .venvs/cluster-ray-2.60.0
 PURELIB := -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
 setup-compat: $(COMPAT_RAY:%=$(COMPAT)%/.setup-done) $(VLLM_NEXT)/.setup-done $(BARE)/.setup-done
@@ -114,7 +114,7 @@ $(VLLM_NEXT)/.setup-done: $(STAMP) $(REQ)/compat/vllm-0.32.0.txt $(WHEEL)
 demo: setup
 	$(VENV)/bin/ray-stream-llm demo
 
-# Azurite (npm), the Azure emulator tests/test_azure.py streams from.
+# Azurite (npm), the Azure emulator tests/integration/test_azure.py streams from.
 AZURITE := $(VENV)/azurite/node_modules/.bin/azurite-blob
 azurite: $(AZURITE)
 $(AZURITE):
@@ -138,7 +138,9 @@ test-one-stream: lint typecheck test-main test-compat
 MAIN = $(PYTEST) -m "not compat and not slow" --durations=25 --junit-xml=$(DURATIONS)/$@.xml
 # about half the suite's time (the files' durations in CI), with no file in both streams; the
 # sharing and fault tests together (both use the session's sharded_job, one engine job)
-MAIN_B := tests/test_sharing.py tests/test_faults.py tests/test_resume.py tests/test_demo.py
+MAIN_B := tests/e2e/test_sharing.py tests/e2e/test_faults.py tests/e2e/test_resume.py \
+	tests/integration/test_resume_record.py tests/e2e/test_demo.py tests/e2e/test_cli.py \
+	tests/e2e/test_azure.py
 
 # the job-submission example ships the wheel to a cluster's environment without the library
 EXAMPLE_CLUSTER := $(WHEEL) $(BARE)/.setup-done
@@ -172,8 +174,9 @@ test-slow: setup
 # with the checkout (--on-wheel fails a run that imports the checkout).
 T := $(CURDIR)/tests
 ON_WHEEL = mkdir -p build/on-wheel && cd build/on-wheel &&
-CONTRACT := $(T)/test_compat.py $(T)/test_pure.py $(T)/test_report.py --on-wheel
-SAME_VLLM := --deselect tests/test_compat.py::test_the_kv_cache_bound_counts_a_token_as_vllm_does
+CONTRACT := $(T)/integration/test_compat.py $(T)/unit/project/test_pure.py $(T)/unit/test_reports.py \
+	$(T)/unit/integrations/vllm/test_loader.py $(T)/integration/test_loader_report.py --on-wheel
+SAME_VLLM := --deselect tests/integration/test_compat.py::test_the_kv_cache_bound_counts_a_token_as_vllm_does
 JUNIT = --junit-xml=$(CURDIR)/$(DURATIONS)/$(1).xml
 STORE_PACKAGES := boto3 botocore s3transfer urllib3 pyarrow pydantic pydantic-core \
 	runai-model-streamer runai-model-streamer-s3
@@ -184,16 +187,18 @@ test-compat: setup-compat
 	    diff <($(call versions,$(VENV))) <($(call versions,$$env)) \
 	        || { echo "$$env: the store's packages differ from .venv's"; exit 1; }; done
 	$(ON_WHEEL) $(CURDIR)/$(COMPAT)2.48.0/bin/python -m pytest $(CONTRACT) $(SAME_VLLM) \
-	    $(T)/test_issue_55574.py \
-	    $(T)/test_peers.py::test_a_peer_killed_mid_copy_is_replaced_and_every_region_completes \
+	    $(T)/e2e/test_reporters_script.py \
+	    $(T)/integration/test_peers.py::test_a_peer_killed_mid_copy_is_replaced_and_every_region_completes \
 	    --durations=5 $(call JUNIT,ray-2.48.0)
 	$(ON_WHEEL) $(CURDIR)/$(COMPAT)2.54.1/bin/python -m pytest $(CONTRACT) -m "not compat" \
 	    $(SAME_VLLM) --durations=5 $(call JUNIT,ray-2.54.1)
-	$(ON_WHEEL) $(CURDIR)/$(VLLM_NEXT)/bin/python -m pytest $(CONTRACT) $(T)/test_compile_cache.py \
+	$(ON_WHEEL) $(CURDIR)/$(VLLM_NEXT)/bin/python -m pytest $(CONTRACT) \
+	    $(T)/unit/integrations/vllm/test_compile_cache.py \
+	    $(T)/integration/test_compile_target.py $(T)/integration/test_compile_store.py \
 	    -m "not compat and not engine" --durations=5 $(call JUNIT,vllm-0.32.0)
 	$(ON_WHEEL) $(CURDIR)/$(VLLM_NEXT)/bin/python -m pytest --on-wheel \
-	    $(T)/test_e2e.py::test_streamed_smollm2_answers_with_no_weights_on_disk \
-	    $(T)/test_checksums.py $(call JUNIT,vllm-0.32.0-e2e)
+	    $(T)/e2e/test_streamed_jobs.py::test_streamed_smollm2_answers_with_no_weights_on_disk \
+	    $(T)/e2e/test_checksums.py $(call JUNIT,vllm-0.32.0-e2e)
 
 # The tests that start no server and no Ray (under a minute).
 test-fast: setup

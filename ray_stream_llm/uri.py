@@ -96,7 +96,7 @@ def is_safe_relative(path: str) -> bool:
         and "\\" not in path
         and "\x00" not in path
         and posixpath.normpath(path) == path
-        and path != ".."
+        and path not in (".", "..")
         and not path.startswith("../")
     )
 

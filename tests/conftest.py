@@ -11,12 +11,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from helpers.janitors import wait_for_detached
 from helpers.models import LAYOUTS, UploadedModel, build_layout, metadata_files, weight_files
 
 from ray_stream_llm.tools.localstore import LocalS3Server
+
+if TYPE_CHECKING:
+    from helpers.emulators import Azurite, GCSEmulator
 
 # --- local S3 server (SeaweedFS) and tiny models on it ------------------------------------
 MODELS_BUCKET = "models"
@@ -128,8 +132,8 @@ def sharded_job(s3_server: LocalS3Server, tiny_models: dict[str, UploadedModel])
     from the store (``weight_sharing="off"``) through a proxy adding 50 ms to every request
     chunk, the store set once, in the config (endpoint ``localhost``), the driver's
     environment with no AWS variable.
-    Run once for the session: tests/test_faults.py proves the slow store and the settings
-    with it, tests/test_sharing.py takes its answers as the unshared control."""
+    Run once for the session: tests/e2e/test_faults.py proves the slow store and the settings
+    with it, tests/e2e/test_sharing.py takes its answers as the unshared control."""
     from helpers.jobs import (
         SHARDED_MAX_TOKENS,
         SHARDED_QUESTIONS,
@@ -154,9 +158,9 @@ def sharded_job(s3_server: LocalS3Server, tiny_models: dict[str, UploadedModel])
                 max_tokens=SHARDED_MAX_TOKENS,
                 object_store=store,
                 # the engine streams from the store itself (the default, 'auto', would share
-                # the node's pull): the unshared control of tests/test_sharing.py, and the
-                # slow store as the engine's streamer meets it for tests/test_faults.py
-                # and what the engine holds once loaded (tests/test_sharing.py compares)
+                # the node's pull): the unshared control of tests/e2e/test_sharing.py, and the
+                # slow store as the engine's streamer meets it for tests/e2e/test_faults.py
+                # and what the engine holds once loaded (tests/e2e/test_sharing.py compares)
                 config={"weight_sharing": "off", "weight_checksums": True},
             )
             bytes_down = proxy.bytes_down
@@ -283,6 +287,75 @@ def no_aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("RAY_STREAM_LLM_CACHE", str(tmp_path / "cache"))
+
+
+# --- the GCS emulator (fake-gcs-server) and tiny models on it ------------------------------
+GCS_BUCKET = "models"
+
+
+@pytest.fixture(scope="session")
+def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GCSEmulator]:
+    """The GCS emulator on 127.0.0.1 for the whole session (tests/integration/test_gcs.py,
+    tests/e2e/test_gcs.py)."""
+    from helpers.emulators import GCSEmulator, running
+
+    yield from running(GCSEmulator(tmp_path_factory.mktemp("gcs")))
+
+
+@pytest.fixture(scope="session")
+def gcs_models(gcs: GCSEmulator, tiny_layout: Callable[[str], Path]) -> dict[str, UploadedModel]:
+    """The sharded and hub-mirror layouts, uploaded to gs://models/tiny/<name>/."""
+    from helpers.emulators import upload_layouts
+
+    return upload_layouts(gcs, f"gs://{GCS_BUCKET}/tiny/", ("sharded", "hub-mirror"), tiny_layout)
+
+
+# --- the Azure emulator (Azurite, over HTTPS) and tiny models on it -------------------------
+AZURE_CONTAINER = "models"
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
+    """Azurite's blob service on 127.0.0.1 for the whole session
+    (tests/integration/test_azure.py, tests/e2e/test_azure.py)."""
+    from helpers.emulators import AZURITE_NPM, Azurite, azurite_binary, running
+
+    binary = azurite_binary()
+    if binary is None:
+        pytest.fail(f"Azurite not installed (make test installs it): {AZURITE_NPM}")
+    yield from running(Azurite(tmp_path_factory.mktemp("azurite"), binary))
+
+
+@pytest.fixture(scope="session")
+def az_models(azurite: Azurite, tiny_layout: Callable[[str], Path]) -> dict[str, UploadedModel]:
+    """The sharded and hub-mirror layouts, uploaded to az://models/tiny/<name>/."""
+    from helpers.emulators import upload_layouts
+
+    return upload_layouts(
+        azurite, f"az://{AZURE_CONTAINER}/tiny/", ("sharded", "hub-mirror"), tiny_layout
+    )
+
+
+# Google's and its emulator's, Azure's (with the managed identity's): what the stores' SDKs read
+_STORE_VARIABLES = (
+    "GOOGLE_",
+    "CLOUDSDK_",
+    "STORAGE_EMULATOR",
+    "CLOUD_STORAGE_",
+    "AZURE_",
+    "MSI_",
+    "IDENTITY_",
+)
+
+
+@pytest.fixture
+def no_store_env(no_aws_env: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No Google, Azure, emulator or AWS variable in this process; no gcloud config under
+    HOME."""
+    for name in list(os.environ):
+        if name.startswith(_STORE_VARIABLES):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
 
 
 # --- the suite's rules ------------------------------------------------------------------

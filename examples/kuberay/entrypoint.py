@@ -20,7 +20,8 @@ from __future__ import annotations
 import os
 import sys
 
-# --- what rayjob.yaml is sized for (README.md, "Sizing"; tests/test_kuberay.py checks it) ---
+# --- what rayjob.yaml is sized for (README.md, "Sizing") ---------------------------------
+# (tests/unit/project/test_kuberay.py checks it)
 MODEL_URI = "s3://models/Llama-3.1-8B-Instruct/"
 # The bytes of the model's *.safetensors, `ray-stream-llm inspect`'s weight_bytes; for
 # meta-llama/Llama-3.1-8B-Instruct: 4,976,698,672 + 4,999,802,720 + 4,915,916,176

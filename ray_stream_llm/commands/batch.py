@@ -81,7 +81,7 @@ def read_input(path: Path, *, num_cpus: float) -> Any:
     not every task of a read takes that option: Ray 2.60 lists a Parquet file's path in a
     task of its own (``ListFiles``) that asks one whole CPU; run inside the job, once the
     actors hold the CPUs, it never ran on a 2-CPU machine (`run` on a Parquet file waited
-    with the engine ready and idle: tests/test_cli.py)."""
+    with the engine ready and idle: tests/e2e/test_cli.py)."""
     import ray
 
     readers = {".parquet": ray.data.read_parquet, ".csv": ray.data.read_csv}

@@ -39,6 +39,10 @@ from ray_stream_llm.stores.base import (
 from ray_stream_llm.stores.settings import ObjectStoreConfig, derive_settings, setting
 from ray_stream_llm.uri import ModelURI
 
+# the CA bundle requests (under azure-storage-blob: the streamer's listing, this module's
+# client) reads; derive_env delivers ObjectStoreConfig.ca_bundle in it to the actors
+CA_ENV = "REQUESTS_CA_BUNDLE"
+
 _CREDENTIALS_FIX = (
     "check azure_account_name with azure_account_key, or azure_connection_string, in "
     "ObjectStoreConfig (or AZURE_STORAGE_* in the environment), or the identity "
@@ -71,8 +75,10 @@ def make_client(
         options["raw_request_hook"] = lambda request: deadline.check_request(
             request.http_request.method, request.http_request.url
         )
-    if store is not None and store.ca_bundle:
-        options["connection_verify"] = store.ca_bundle
+    # the config's CA, or in an actor (no config: its derived variables in the environment)
+    # the one derive_env delivered: the stages' metadata fetch and the node's pull need it
+    if ca := (store.ca_bundle if store is not None else None) or setting(env, CA_ENV):
+        options["connection_verify"] = ca
     if max_pool_connections > 10:  # requests keeps 10 connections per host by default
         import requests
         from azure.core.pipeline.transport import RequestsTransport
@@ -271,3 +277,7 @@ def derive_env(store: ObjectStoreConfig, put: Put) -> None:
                 is_secret=name in ("AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN"),
             )
     put("AZURE_STORAGE_ENDPOINT_SUFFIX", store.azure_endpoint_suffix)
+    if store.ca_bundle and (
+        store.azure_connection_string or store.azure_account_name or store.azure_account_key
+    ):  # an Azure store's CA: for this library's client and the streamer's Python listing
+        put(CA_ENV, store.ca_bundle)

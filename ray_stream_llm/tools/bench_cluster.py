@@ -85,10 +85,10 @@ def cluster(
     for name in cases:
         progress(f"  cluster: {name}, link capped at {rate / 2**20:.0f} MiB/s ...")
         spec = _spec(model_uri, CASES[name], num_cpus)
-        # every engine starts before the first batch: the figures are about all of them
-        env = {**store_env, "RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S": "900"}
+        # every engine starts before the first batch (the builder's ENGINE_START_WAIT_S):
+        # the figures are about all of them
         with Link(store_port, rate=rate) as link:
-            out = run_isolated_job(workdir / f"cluster-{name}", spec, link.store_env(env))
+            out = run_isolated_job(workdir / f"cluster-{name}", spec, link.store_env(store_env))
             served = link.bytes_down
         results[name] = figures(out, served)
     return results
@@ -166,7 +166,6 @@ def on_running_cluster(
                 "weight_peers": peers,
             },
         }
-        env = {"RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S": "3600"}
-        out = run_isolated_job(workdir / f"cluster-{name}", spec, env, timeout=3600)
+        out = run_isolated_job(workdir / f"cluster-{name}", spec, {}, timeout=3600)
         results[f"{name}.{engines}"] = figures(out, reported_store_bytes(out["load_reports"]))
     return results

@@ -67,8 +67,8 @@ def node_sharing(
                 f"{rate / 2**20:.0f} MiB/s ..."
             )
             spec = _spec(model_uri, path, n, max(num_cpus, 2 * n))
-            # every engine starts before the first batch: the figures are about all of them
-            store_env = {**store_env, "RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S": "900"}
+            # every engine starts before the first batch (the builder's ENGINE_START_WAIT_S):
+            # the figures are about all of them
             work = workdir / f"sharing-{path}-{n}"
             work.mkdir(parents=True, exist_ok=True)
             if store_port is None:  # a real store and link: the bytes from the load reports

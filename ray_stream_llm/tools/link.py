@@ -144,13 +144,22 @@ class Link:
         for conn in conns:
             _reset(conn)
 
+    def _piece(self, client: socket.socket) -> int:
+        """The most the link reads at once from the store for ``client``."""
+        return 64 << 10
+
+    def _throttle(self, client: socket.socket, n: int) -> None:
+        """Hold ``n`` bytes the store sent for ``client`` as long as the link's cap says."""
+        if self.rate is not None:
+            self._take(n)
+
     def _pump(self, src: socket.socket, dst: socket.socket, downstream: bool) -> None:
         try:
-            while data := src.recv(64 << 10):
+            while data := src.recv(self._piece(dst) if downstream else 64 << 10):
                 if not downstream and self.latency:
                     time.sleep(self.latency)
-                if downstream and self.rate is not None:
-                    self._take(len(data))
+                if downstream:
+                    self._throttle(dst, len(data))
                 dst.sendall(data)
                 if downstream:
                     with self._lock:

@@ -244,6 +244,10 @@ class LocalS3Server:
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
             "-idleTimeout=5",
+            # every bucket grows volumes of its own; by default weed allows free disk / 128 MB
+            # of them, so on a disk with a few GB free a late bucket's first write failed
+            # (InternalError). Volumes are sparse files: the count costs no space.
+            "-volume.max=1000",
             "-volume.preStopSeconds=0",
         ]
         with open(self.log_path, "ab") as log:

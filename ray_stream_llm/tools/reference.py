@@ -1,7 +1,8 @@
 """The configuration reference (docs/configuration.md), generated from the config models.
 
 ``python -m ray_stream_llm.tools.reference`` prints it; ``--write docs/configuration.md``
-replaces the part between the markers. tests/test_docs.py fails when it drifts from the code.
+replaces the part between the markers. tests/unit/project/test_docs.py fails when it drifts
+from the code.
 """
 
 from __future__ import annotations

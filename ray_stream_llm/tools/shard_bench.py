@@ -13,7 +13,7 @@ engines' own (the load report, per rank).
 
 ``python -m ray_stream_llm.tools.shard_bench SOURCE SHARDED TP OUT_JSON`` (the store from
 the standard environment); the release script ``release/benchmarks/sharded_tp.py`` and
-``tests/test_shard.py`` call :func:`side_by_side`.
+``tests/e2e/test_shard.py`` call :func:`side_by_side`.
 """
 
 from __future__ import annotations

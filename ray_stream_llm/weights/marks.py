@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ray_stream_llm.files import write_whole
 
 CREATED = ".created"  # the region's marker: a file of a directory holding it is a region file
 UNSHARED = ".unshared"  # 'auto' gave the region up (it no longer fits): stream the store
-FAILED = ".failed"  # the pull failed: the typed error, for every waiter
+FAILED = ".failed"  # the pull failed: the typed error (class and message), for every waiter
 PARTIAL = ".partial"  # the files still being written, renamed to the region once whole
 DIGESTS = ".sha256"  # each whole file's sha256, recorded before its rename (peers check it)
 
@@ -50,3 +51,31 @@ def digest_of(region: Path, name: str) -> str | None:
         return (region / DIGESTS / name).read_text() or None
     except OSError:
         return None
+
+
+def record_failure(region: Path, error: BaseException) -> None:
+    """The pull failed with ``error``: ``.failed`` holds its class's name and its message
+    (JSON), written whole; raises ``OSError`` where it cannot be written."""
+    write_whole(region / FAILED, json.dumps({"class": type(error).__name__, "message": str(error)}))
+
+
+def failure(region: Path) -> tuple[str, str] | None:
+    """The pull's failure as ``.failed`` records it: the error's class name and its message;
+    None when there is no mark. A mark of an older release (plain text, ``Class: message``)
+    or one whose message could not be written (empty) gives the class name ``''`` and the
+    text as it is."""
+    try:
+        text = (region / FAILED).read_text()
+    except OSError:
+        return None
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return "", text
+    if (
+        isinstance(record, dict)
+        and isinstance(record.get("class"), str)
+        and isinstance(record.get("message"), str)
+    ):
+        return record["class"], record["message"]
+    return "", text

@@ -17,10 +17,10 @@ reader ever sees a file under its name that is still being written. Engines stre
 region's files with the Run:ai streamer (local files, memory speed); this library's vLLM
 loader takes the files from the marker and waits for each by its name in the region
 (:func:`wait_for`) before it streams it, so the first engine streams while the pull goes
-on. A pull that fails writes ``.failed`` (the typed error), which fails every waiting
-engine (the engine's retry policy then pulls again); a puller that dies releases its
-lock, and a waiting engine takes the pull over, resuming each partial file from its
-recorded prefix. Nothing waits forever.
+on. A pull that fails writes ``.failed`` (the error's class and message), which fails every
+waiting engine with that typed error (:func:`pull_error`; the engine's retry policy then
+pulls again); a puller that dies releases its lock, and a waiting engine takes the pull
+over, resuming each partial file from its recorded prefix. Nothing waits forever.
 
 Clean-up is reference counted: each process adds ``.refs/<pid>-<start time>`` and
 removes it when done; the last one removes the region. A process that is killed
@@ -52,6 +52,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from ray_stream_llm import errors
 from ray_stream_llm.detached import detach
 from ray_stream_llm.errors import (
     InvalidSettingError,
@@ -68,9 +69,11 @@ from ray_stream_llm.weights.marks import (
     FAILED,
     UNSHARED,
     done,
+    failure,
     partial,
     progress,
     record_digest,
+    record_failure,
     record_progress,
 )
 
@@ -631,7 +634,7 @@ def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock: He
         if _exiting(exc):  # this process is going away, not the store: a waiter takes over
             logger.warning("The shared pull of %s stops with its process: %s", uri, exc)
             return
-        _fail(region, f"{type(exc).__name__}: {exc}")
+        _fail(region, exc)
         logger.warning("The shared pull of %s failed: %s: %s", uri, type(exc).__name__, exc)
     finally:
         lock.release()
@@ -675,17 +678,36 @@ def _budget(region: Path) -> float | None:
     return float(value) if value is not None else None
 
 
-def _fail(region: Path, message: str) -> None:
-    """Tell every waiter the pull failed: ``.failed`` with the message, or, where it cannot
-    be written (the region's memory is full), an empty ``.failed``, which waiters read as
-    a failure whose message was lost. Only a region that is gone takes no mark, and its
-    waiters fail on that."""
-    failed = region / FAILED
+def _fail(region: Path, error: BaseException) -> None:
+    """Tell every waiter the pull failed: ``.failed`` with the error's class and message, or,
+    where it cannot be written (the region's memory is full), an empty ``.failed``, which
+    waiters read as a failure whose message was lost. Only a region that is gone takes no
+    mark, and its waiters fail on that."""
     try:
-        write_whole(failed, message)
+        record_failure(region, error)
     except OSError:
         with contextlib.suppress(OSError):
-            failed.touch()
+            (region / FAILED).touch()
+
+
+def pull_error(region: str | Path) -> Exception | None:
+    """The error a waiter of ``region`` fails with when its pull failed (None when it did
+    not): the library's typed class the pull failed with (a class of
+    :mod:`ray_stream_llm.errors`, so ``except ObjectChangedError`` catches it in the
+    engine's process, and the builtin it subclasses too); any other error, or a mark that
+    names no class (an older release's plain text, or an empty mark), is a
+    ``RuntimeError``. The message starts "the shared pull of the weights failed: "."""
+    found = failure(Path(region))
+    if found is None:
+        return None
+    name, message = found
+    cls = getattr(errors, name, None) if name else None
+    if isinstance(cls, type) and issubclass(cls, errors.RayStreamLLMError):
+        return cls(f"the shared pull of the weights failed: {message}")
+    if name:
+        message = f"{name}: {message}"
+    message = message or "its message could not be written (memory full?)"
+    return RuntimeError(f"the shared pull of the weights failed: {message}")
 
 
 def pull_status(region: str | Path) -> dict[str, Any] | None:
@@ -711,9 +733,9 @@ def file_source(region: str | Path, name: str) -> tuple[str, float]:
 def wait_for(region: str | Path, name: str, timeout: float | None = None) -> float:
     """In the engine's process: block until the weight file ``name`` of ``region`` is
     whole (under its name), or the region was given up for the store (:data:`UNSHARED`,
-    'auto' only: see :func:`file_source`); seconds waited. Raises when the pull failed or
-    the region is gone; takes the pull over when its puller died. ``timeout``: by default
-    the region's pull timeout (:func:`pull_timeout`)."""
+    'auto' only: see :func:`file_source`); seconds waited. Raises when the pull failed (its
+    typed error: :func:`pull_error`) or the region is gone; takes the pull over when its
+    puller died. ``timeout``: by default the region's pull timeout (:func:`pull_timeout`)."""
     region = Path(region)
     if not (region / CREATED).is_file():
         raise FileNotFoundError(f"{region} is not a shared region (or it was removed)")
@@ -726,10 +748,8 @@ def wait_for(region: str | Path, name: str, timeout: float | None = None) -> flo
     while not done(region, name):
         if (region / UNSHARED).exists():
             break
-        failed = region / FAILED
-        if failed.exists():
-            message = failed.read_text() or "its message could not be written (memory full?)"
-            raise RuntimeError(f"the shared pull of the weights failed: {message}")
+        if (error := pull_error(region)) is not None:  # None: no failure mark
+            raise error
         if not (region / CREATED).exists():
             raise FileNotFoundError(f"the shared region {region} was removed while {name} waited")
         if time.monotonic() - begin > timeout:

@@ -1,6 +1,8 @@
 """PEFT-style LoRA adapters for the tiny Llama of tests/helpers/models.py, written with
-safetensors and json (no peft): PEFT's tensor names and ``adapter_config.json``; and their
-upload to sub-folders of one prefix of the S3 server (tests/test_lora.py, tests/test_catalog.py).
+safetensors and json (no peft): PEFT's tensor names and ``adapter_config.json``; their
+upload to sub-folders of one prefix of the S3 server (tests/integration/test_lora.py,
+tests/e2e/test_lora.py, tests/integration/test_catalog.py); the server as a user's
+ObjectStoreConfig names it.
 """
 
 from __future__ import annotations
@@ -80,3 +82,15 @@ def upload_adapters(
         local = make_adapter(local_root / "adapters" / name, kwargs.pop("base", base), **kwargs)
         server.upload_dir(local, f"{prefix}{name}/")
     return prefix
+
+
+def store_fields(server: LocalS3Server) -> dict[str, str]:
+    """The server as a user's ObjectStoreConfig names it: ``localhost`` (path-style
+    addressing derived by this library; a plain boto3 client would address
+    ``models.localhost``, which does not resolve)."""
+    return {
+        "endpoint_url": f"http://localhost:{server.port}",
+        "region_name": server.region,
+        "aws_access_key_id": server.access_key_id,
+        "aws_secret_access_key": server.secret_access_key,
+    }

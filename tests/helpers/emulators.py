@@ -15,7 +15,6 @@ import shutil
 import ssl
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -73,8 +72,7 @@ def _ask(url: str, **kwargs: Any) -> None:
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def answers() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(
                 f"{url}: the emulator exited ({proc.returncode}): "
@@ -82,10 +80,11 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: floa
             )
         try:
             with urllib.request.urlopen(url, timeout=1):
-                return
+                return True
         except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url}: the emulator did not answer within {timeout}s")
+            return False
+
+    wait_until(answers, timeout, f"{url}: the emulator did not answer", poll=0.1)
 
 
 class _Server:
@@ -320,12 +319,19 @@ class Azurite(_Server):
                 str(self.key),
             ]
         )
-        deadline = time.monotonic() + 30
-        while b"successfully listens" not in self.log_path.read_bytes():
-            if self._proc.poll() is not None or time.monotonic() > deadline:
-                self.__exit__()
-                raise RuntimeError(f"Azurite did not start: {self.log_path.read_text()[-2000:]}")
-            time.sleep(0.1)
+        proc = self._proc
+        assert proc is not None
+
+        def listens() -> bool:
+            return b"successfully listens" in self.log_path.read_bytes()
+
+        try:  # until it listens, or exits
+            wait_until(lambda: listens() or proc.poll() is not None, 30, "Azurite", poll=0.1)
+        except AssertionError:
+            pass
+        if not listens():
+            self.__exit__()
+            raise RuntimeError(f"Azurite did not start: {self.log_path.read_text()[-2000:]}")
         return self
 
     def client(self):

@@ -4,12 +4,32 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
+
+import psutil
 
 from helpers.waiting import wait_until
 from ray_stream_llm.integrations.vllm import shm as shm_module
 from ray_stream_llm.integrations.vllm.shm import orphaned_segments, remove_orphaned_segments
 
 REAPER_MODULE = "ray_stream_llm.weights.region"
+
+
+def reapers(region: Path | str | None = None) -> list[psutil.Process]:
+    """The regions' reapers running now (``python -m ray_stream_llm.weights.region reap
+    <region>``, weights/region.py's ``_spawn_reaper``), with ``region`` only that region's.
+    A reaper is matched by its arguments wherever they stand in its command line: just
+    started, it can still be the ``setsid`` that execs it."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        for i in range(len(cmdline) - 3):
+            if cmdline[i : i + 3] == ["-m", REAPER_MODULE, "reap"] and (
+                region is None or cmdline[i + 3] == str(region)
+            ):
+                found.append(proc)
+                break
+    return found
 
 
 def _detached(since: float, reapers: bool) -> list[str]:
@@ -20,8 +40,6 @@ def _detached(since: float, reapers: bool) -> list[str]:
     belongs to a job still running (on a shared machine, maybe not this run's, and never
     this run's once its jobs are done: a leaked engine or region is a leftover of its own).
     ``"pid: command line"`` each."""
-    import psutil
-
     janitor = os.path.abspath(shm_module.__file__)
     found = []
     for proc in psutil.process_iter(["cmdline", "create_time", "status"]):

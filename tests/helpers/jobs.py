@@ -12,6 +12,7 @@ from pathlib import Path
 
 from helpers.janitors import segments_left
 from helpers.models import is_weight
+from helpers.waiting import wait_until
 from ray_stream_llm.tools.isolated import run_isolated as run_in_isolation
 from ray_stream_llm.tools.localstore import LocalS3Server
 
@@ -34,9 +35,15 @@ def wait_regions_released(since: float, timeout: float = 30.0) -> None:
     left behind, and the caller's walk of /dev/shm reports it."""
     from ray_stream_llm.weights.region import DEFAULT_BASE
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and weight_files_written([Path(DEFAULT_BASE)], since):
-        time.sleep(0.5)
+    try:
+        wait_until(
+            lambda: not weight_files_written([Path(DEFAULT_BASE)], since),
+            timeout,
+            "regions left",
+            poll=0.5,
+        )
+    except AssertionError:
+        pass  # judged by the caller's walk of /dev/shm
 
 
 def weight_files_written(roots: list[Path], since: float) -> dict[str, int]:
@@ -89,7 +96,8 @@ def run_isolated(
     together."""
     extra = {
         "RAY_STREAM_LLM_ACTOR_LOGS": "1",  # actor logs in the driver's output too
-        "RAY_metrics_report_interval_ms": "1000",  # workers push metrics every second
+        # with a scrape, workers push their metrics every second (Ray's default: 10 s)
+        **({"RAY_metrics_report_interval_ms": "1000"} if metrics_port else {}),
         **({} if object_store else server.env()),
         **(env or {}),
     }

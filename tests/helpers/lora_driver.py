@@ -1,4 +1,4 @@
-"""A user's LoRA batch script, run by tests/test_lora.py in an isolated environment.
+"""A user's LoRA batch script, run by tests/e2e/test_lora.py in an isolated environment.
 
 Usage: python lora_driver.py SPEC_JSON OUT_JSON
 SPEC_JSON: {"model": uri, "lora_path": uri, "adapters": [names], "questions": [...],

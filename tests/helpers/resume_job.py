@@ -1,4 +1,4 @@
-"""A user's resumable batch script, run by tests/test_resume.py in its own process.
+"""A user's resumable batch script, run by tests/e2e/test_resume.py in its own process.
 
 Usage: python resume_job.py SPEC_JSON
 SPEC_JSON: {"model": uri, "input": dir of JSONL files, "output": dir, "checkpoint": path,

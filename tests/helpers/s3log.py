@@ -8,6 +8,7 @@ import uuid
 from collections import Counter
 
 from helpers.models import UploadedModel
+from helpers.waiting import wait_until
 from ray_stream_llm.tools.localstore import LocalS3Server, Request
 
 BUCKET = "models"
@@ -17,16 +18,23 @@ LOG_BARRIER_BUCKET = "fetch-test-log-barrier"
 def log_barrier(server: LocalS3Server, timeout: float = 15.0) -> None:
     """Return once every request answered before this call is in the server's access log.
 
-    The log is append-only: a PUT of a fresh key made now is logged after everything
-    that was answered before it, so once it shows up the earlier lines are there too.
+    The log is append-only: a PUT of a fresh key made now is logged after every request
+    whose handler had returned before it was sent, so once its line shows up theirs are
+    there too. What the barrier does not order: SeaweedFS writes a request's line in its
+    S3 middleware once the handler has returned (weed/s3api/stats.go, the ``stats.go:42``
+    of each line), and a response whose last bytes went straight to the socket (a large
+    GET's) is complete at the client a moment before that. The short wait after the
+    barrier is for such a line: between a request's last byte and its line the client
+    sees nothing to wait on.
     """
     key = f"barrier/{uuid.uuid4().hex}"
     server.put(f"s3://{LOG_BARRIER_BUCKET}/{key}", b".")
-    deadline = time.monotonic() + timeout
-    while not any(r.method == "PUT" and r.key == key for r in server.served()):
-        assert time.monotonic() < deadline, f"barrier {key} never reached the access log"
-        time.sleep(0.05)
-    time.sleep(0.05)
+    wait_until(
+        lambda: any(r.method == "PUT" and r.key == key for r in server.served()),
+        timeout,
+        f"barrier {key} never reached the access log",
+    )
+    time.sleep(0.05)  # a request answered, its handler not yet returned (see above)
 
 
 class AccessLog:

@@ -33,6 +33,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from ray.data import DataContext
 from ray.data.llm import vLLMEngineProcessorConfig
 from ray.llm._internal.batch.processor.base import Processor
 from ray.llm._internal.batch.processor.vllm_engine_proc import build_vllm_engine_processor
@@ -75,11 +76,21 @@ def ray_builds_with(
         "preprocess_map_kwargs": preprocess_map_kwargs,
         "postprocess_map_kwargs": postprocess_map_kwargs,
     }
-    if BUILDER_TAKES_MAP_KWARGS:
-        return build_vllm_engine_processor(
-            config, preprocess=preprocess, postprocess=postprocess, **maps
+    # Ray 2.48's Processor sets this process's DataContext.wait_for_min_actors_s to 600
+    # (its workaround for ray#53124): the user's own value, or Ray Data's default, is put
+    # back; the wait the processor gives its datasets is wait_for_initial_actors'
+    current = DataContext.get_current()
+    wait = current.wait_for_min_actors_s
+    try:
+        if BUILDER_TAKES_MAP_KWARGS:
+            return build_vllm_engine_processor(
+                config, preprocess=preprocess, postprocess=postprocess, **maps
+            )
+        processor = build_vllm_engine_processor(
+            config, preprocess=preprocess, postprocess=postprocess
         )
-    processor = build_vllm_engine_processor(config, preprocess=preprocess, postprocess=postprocess)
+    finally:
+        current.wait_for_min_actors_s = wait
     processor.__class__ = _MapKwargsProcessor
     for name, value in maps.items():
         setattr(processor, name, dict(value or {}))

@@ -18,6 +18,7 @@ from typing import Any
 
 from ray_stream_llm.errors import (
     EngineStartError,
+    ObjectChangedError,
     RayStreamLLMError,
     StoreTimeoutError,
     StoreUnreachableError,
@@ -45,7 +46,8 @@ from ray_stream_llm.reports import build_report
 from ray_stream_llm.stores.base import WAITED_OUT
 from ray_stream_llm.uri import ModelURI
 from ray_stream_llm.weights import memory
-from ray_stream_llm.weights.marks import FAILED
+from ray_stream_llm.weights.marks import failure
+from ray_stream_llm.weights.region import pull_error
 from ray_stream_llm.weights.source import WeightSource, acquire
 
 logger = logging.getLogger(__name__)
@@ -143,7 +145,8 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
                 error = _budget_spent(uri_text, self._weights) or _start_failure(
                     uri_text, plan, exc, watcher, attempt, attempts
                 )
-                if error is not None:
+                if error is not None:  # the pull's own class where an object changed
+                    error = _object_changed(uri_text, self._weights, attempt) or error
                     store_failure(error)  # for ray_stream_llm.typed_errors() on the driver
                     raise error from exc
                 logger.warning(
@@ -291,21 +294,34 @@ def _budget_spent(uri: str, weights: WeightSource | None) -> RayStreamLLMError |
     the start is not retried to wait again. None otherwise (a store that failed early, or
     no region)."""
     region = getattr(weights, "region", None)
-    if region is None:
+    found = failure(Path(region)) if region is not None else None
+    if found is None:
         return None
-    try:
-        message = (Path(region) / FAILED).read_text()
-    except OSError:
-        return None
+    name, message = found
     for kind in (StoreUnreachableError, StoreTimeoutError):
-        prefix = f"{kind.__name__}: "
-        if message.startswith(prefix) and WAITED_OUT in message:
+        if name == kind.__name__ and WAITED_OUT in message:
             return kind(
                 f"the node's pull of the weights of {uri!r} waited for the object store and "
-                f"gave up (not retried): {message.removeprefix(prefix)}. Check the store and "
+                f"gave up (not retried): {message}. Check the store and "
                 "the network; ObjectStoreConfig.timeout_s sets how long a store is waited for"
             )
     return None
+
+
+def _object_changed(
+    uri: str, weights: WeightSource | None, attempt: int
+) -> RayStreamLLMError | None:
+    """The start failed for good and the node's pull saw an object of the model change (its
+    failure mark says ``ObjectChangedError``): that class, not ``WeightLoadError`` or
+    ``EngineStartError``, so that the driver's ``except ObjectChangedError`` (inside
+    :func:`ray_stream_llm.typed_errors`) catches it. None otherwise."""
+    region = getattr(weights, "region", None)
+    error = pull_error(region) if region is not None else None
+    if not isinstance(error, ObjectChangedError):
+        return None
+    return ObjectChangedError(
+        f"the vLLM engine for {uri!r} failed to load its weights {attempt} time(s); {error}"
+    )
 
 
 def _store_check(model: ModelURI) -> str:

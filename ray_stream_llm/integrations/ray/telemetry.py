@@ -213,8 +213,9 @@ def typed_errors(job_id: str | None = None) -> Iterator[None]:
     (or a ``RayTaskError``), which ``except WeightLoadError`` does not catch. Inside this
     block, such a failure is raised again as the error the engine failed with
     (:class:`~ray_stream_llm.errors.WeightLoadError`,
-    :class:`~ray_stream_llm.errors.EngineStartError`, or the typed store error), with
-    Ray's exception as ``__cause__``. Other failures pass through unchanged.
+    :class:`~ray_stream_llm.errors.EngineStartError`, the typed store error, or
+    :class:`~ray_stream_llm.errors.ObjectChangedError` where the node's shared pull saw an
+    object change), with Ray's exception as ``__cause__``. Other failures pass through unchanged.
 
     >>> from ray_stream_llm.errors import WeightLoadError
     >>> try:  # doctest: +SKIP

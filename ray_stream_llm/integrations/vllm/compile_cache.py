@@ -103,7 +103,7 @@ def needs_fix() -> bool:
     if loader is None:
         return False
     try:
-        source = inspect.getsource(loader)
+        source = inspect.getsource(inspect.unwrap(loader))  # under the claim wrapper, if set
     except (OSError, TypeError):
         return False
     calls = "compiled_fn.finalize_loading(" in source
@@ -321,6 +321,8 @@ def compile_once() -> bool:
             _release()  # this process's compile (and its save) ended
 
     setattr(_try_load_aot_compiled_fn, _ONCE, True)
+    # vLLM's own function stays reachable (inspect.unwrap): the load fix's check reads its source
+    _try_load_aot_compiled_fn.__wrapped__ = loader  # type: ignore[attr-defined]
     setattr(monitor_torch_compile, _ONCE, True)
     decorators._try_load_aot_compiled_fn = _try_load_aot_compiled_fn
     decorators.monitor_torch_compile = monitor_torch_compile

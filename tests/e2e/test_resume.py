@@ -1,0 +1,323 @@
+"""Long jobs made resumable (issue 35 item 1), on real parts: SeaweedFS, vLLM's CPU build,
+a real local Ray, Ray Data's own job checkpointing (``CheckpointConfig``, Ray >= 2.54).
+
+- A job (``read_json`` of 12 files -> the library's processor -> ``write_parquet``) whose
+  driver is SIGKILLed once its first output file reads whole, then run again with the same
+  command in a fresh HOME: every id is written exactly once across both runs, every output
+  file reads whole (a file the kill cut short is removed by the re-run), the re-run
+  writes fewer rows than the input holds, its engine loads the compiled artifact the
+  first run shipped to ``compile_cache_uri`` (``compile_cache: hit``), and, with
+  ``keep_warm_s``, the node's copy of the weights that the killed job left (kept warm by its
+  reaper) is adopted by the re-run, which reads no weight byte from the store. Both runs
+  on a 2-CPU local Ray: both make progress (the small-cluster defaults leave a CPU for the
+  file read and write around the processor, and, on the re-run, for Ray's
+  ``CheckpointFilter`` actor).
+- ``ray-stream-llm run --resume``: killed after its first batch is recorded, run again, it
+  answers only the rows that are missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from helpers.jobs import wait_regions_released
+from helpers.links import TappedLink
+from helpers.paths import HELPERS
+from helpers.s3log import BUCKET, AccessLog, prefix_of
+from helpers.waiting import wait_until
+
+from ray_stream_llm.tools.isolated import isolated_env
+
+DRIVER = HELPERS / "resume_job.py"
+FILES, ROWS_PER_FILE = 12, 4
+ROWS = FILES * ROWS_PER_FILE
+HEADER_READS = 2  # GETs of one safetensors object by the driver's check of its header
+
+
+def write_input(root: Path) -> Path:
+    """12 JSONL files of 4 questions each, ids 0..47."""
+    root.mkdir(parents=True)
+    for f in range(FILES):
+        lines = [
+            json.dumps({"id": i, "question": f"What is {i} plus {i}?"})
+            for i in range(f * ROWS_PER_FILE, (f + 1) * ROWS_PER_FILE)
+        ]
+        (root / f"part-{f:02d}.jsonl").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def output_ids(output: Path) -> dict[str, list[int]]:
+    """The ids of the rows in each Parquet file under ``output`` that reads whole, by name
+    (a kill can land while Ray Data writes a file: such a file has no footer yet)."""
+    return {
+        path.name: pq.read_table(path, columns=["id"]).column("id").to_pylist()
+        for path in sorted(output.glob("*.parquet"))
+        if _whole(path)
+    }
+
+
+def _whole(path: Path) -> bool:
+    """Whether the Parquet file at ``path`` reads whole (its footer is written)."""
+    try:
+        pq.read_metadata(path)
+    except (OSError, pa.ArrowInvalid):
+        return False
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of process group ``pgid`` (the job's session) is still there."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
+
+
+def start_job(run_dir: Path, spec: dict, server_env: dict[str, str]) -> subprocess.Popen:
+    """The job's driver in its own session and HOME, as a user's command would run."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "spec.json").write_text(json.dumps(spec))
+    env = isolated_env(run_dir, server_env)
+    log = open(run_dir / "job.log", "w")  # noqa: SIM115 (closed with the process)
+    return subprocess.Popen(
+        [sys.executable, str(DRIVER), str(run_dir / "spec.json")],
+        env=env,
+        cwd=run_dir,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def finish(proc: subprocess.Popen, run_dir: Path, timeout: float) -> None:
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        tail = (run_dir / "job.log").read_text("utf-8", "replace")[-6000:]
+        pytest.fail(f"the job did not finish within {timeout:.0f} s; its log ends:\n{tail}")
+    assert rc == 0, (run_dir / "job.log").read_text("utf-8", "replace")[-6000:]
+
+
+def spec_for(
+    work: Path,
+    run: str,
+    model: str,
+    num_cpus: int,
+    cache_uri: str | None,
+    config: dict | None = None,
+) -> dict:
+    return {
+        "config": config or {},
+        "model": model,
+        "input": str(work / "input"),
+        "output": str(work / "output"),
+        "checkpoint": str(work / "checkpoint"),
+        "num_cpus": num_cpus,
+        "ray_temp_dir": str(work / run / "ray"),
+        "compile_cache_uri": cache_uri,
+        "report": str(work / run / "report.json"),
+    }
+
+
+def kill_at_first_output(proc: subprocess.Popen, output: Path) -> dict[str, list[int]]:
+    """SIGKILL the job's driver once its first output file reads whole (its Ray goes with
+    its session); the ids of each file written whole before the kill."""
+    try:
+        # a file that reads whole (its footer written): a file that only appeared may still
+        # be being written, and the kill would leave it truncated (seen once in a clean clone)
+        wait_until(
+            lambda: any(_whole(p) for p in output.glob("*.parquet")) or proc.poll() is not None,
+            600,
+            "no whole output file from the first run",
+        )
+        assert proc.poll() is None, "the first run ended before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)  # the driver only: its Ray goes with its session
+        proc.wait()
+    finally:
+        if _group_alive(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+    wait_until(lambda: not _group_alive(proc.pid), 60, "the killed job's processes linger")
+    files = output_ids(output)
+    assert 0 < sum(map(len, files.values())) < ROWS, files
+    return files
+
+
+@pytest.fixture
+def sharing_dir():
+    """The jobs' weight_sharing_dir (memory-backed); removed at the end with what a job kept
+    warm in it (its reaper exits once the region is gone)."""
+    path = Path("/dev/shm") / f"rsl-resume-{uuid.uuid4().hex[:8]}"
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def kept_warm(base: Path) -> list[Path]:
+    """The regions under ``base`` kept warm for a later job (``.warm_until`` set)."""
+    return [r for r in base.glob("*/*") if (r / ".warm_until").is_file()]
+
+
+def weight_gets(log: AccessLog, model: str) -> dict[str, int]:
+    """GETs of the model's safetensors objects the store answered since ``log`` began."""
+    return {k: n for k, n in log.gets(prefix_of(model)).items() if k.endswith(".safetensors")}
+
+
+@pytest.mark.s3
+@pytest.mark.e2e
+@pytest.mark.engine
+def test_a_killed_job_resumes_warm_on_two_cpus_and_writes_every_id_once(
+    s3_server, tiny_models, work, sharing_dir
+):
+    write_input(work / "input")
+    model = tiny_models["single"].uri
+    cache_uri = f"s3://models/compile-cache/{uuid.uuid4().hex[:8]}/"
+    config = {"keep_warm_s": 600, "weight_sharing_dir": str(sharing_dir)}
+    first_log = AccessLog(s3_server)
+    first = start_job(
+        work / "first", spec_for(work, "first", model, 2, cache_uri, config), s3_server.env()
+    )
+    first_files = kill_at_first_output(first, work / "output")
+    first_gets = weight_gets(first_log, model)
+    assert first_gets, "the first run read the weights from the store"
+    # the killed job's engine died with it: its region's reaper (a process of its own
+    # session) keeps the complete copy warm once no live process holds it
+    [region] = wait_until(
+        lambda: kept_warm(sharing_dir),
+        60,
+        lambda: f"nothing kept warm: {list(sharing_dir.rglob('*'))}",
+    )
+
+    log = AccessLog(s3_server)
+    second = start_job(
+        work / "second", spec_for(work, "second", model, 2, cache_uri, config), s3_server.env()
+    )
+    finish(second, work / "second", 600)
+    rerun_gets = weight_gets(log, model)
+    files = output_ids(work / "output")
+    # every file reads whole: one the kill cut short (or wrote whole but never committed)
+    # is removed by the re-run (Ray's two-phase checkpoint: a pending checkpoint names it)
+    assert sorted(files) == sorted(p.name for p in (work / "output").glob("*.parquet"))
+    ids = [i for file_ids in files.values() for i in file_ids]
+    rerun_rows = sum(len(v) for name, v in files.items() if name not in first_files)
+    assert sorted(ids) == list(range(ROWS)), "every id exactly once across both runs"
+    assert 0 < rerun_rows < ROWS, f"the re-run wrote {rerun_rows} of {ROWS} rows"
+    [report] = json.loads((work / "second" / "report.json").read_text())
+    assert report["compile_cache"] == "hit", report["line"]
+    # the re-run's engine streamed the whole model from the node's region, which it adopted
+    # (the same weights, moved from the killed Ray session's node id to this one's) ...
+    assert report["weight_sharing"] == "node", report["line"]
+    weights = sum(f.stat().st_size for f in tiny_models["single"].local.glob("*.safetensors"))
+    assert report["weight_bytes"] == weights, report["line"]
+    [adopted] = wait_until(lambda: kept_warm(sharing_dir), 60, "the re-run kept nothing warm")
+    assert not region.exists() and adopted.name == region.name, (region, adopted)
+    assert adopted.parent.name != region.parent.name  # another Ray session's node id
+    # ... and no weight byte came from the store: the re-run's only GETs of the weight
+    # objects are the driver's header check (ray_stream_llm.manifest: two ranged GETs each,
+    # the 8-byte length and the JSON header); the first run's pull read them besides
+    assert rerun_gets == dict.fromkeys(first_gets, HEADER_READS), (rerun_gets, first_gets)
+    assert all(n > HEADER_READS for n in first_gets.values()), first_gets
+    assert (report["pull_source"], report["pull_bytes"]) == ("kept warm", 0), report["line"]
+    print(
+        f"first run: {sum(map(len, first_files.values()))} rows before the kill, "
+        f"weight GETs {dict(first_gets)}; "
+        f"re-run: {rerun_rows} rows, weight GETs {rerun_gets}; kept copy {region} adopted as "
+        f"{adopted}; re-run's engine: {report['line']}; its pull figures: "
+        f"pull_bytes={report['pull_bytes']} pull_source={report['pull_source']}"
+    )
+
+
+@pytest.mark.s3
+@pytest.mark.e2e
+@pytest.mark.engine
+def test_run_resume_answers_only_what_a_killed_run_left(s3_server, tiny_models, work):
+    """``ray-stream-llm run --resume s3://...``, on an input without an ``id`` column (rows
+    keyed by their position): killed while it records its second batch (the store behind a
+    link that lets the record's first PUT through and holds the next, so that the kill
+    falls between two records whatever the machine's load: all the answers can come out
+    at once), the same command again answers only the rows not recorded, and
+    answers.parquet holds each row once."""
+    questions = [f"What is {i} plus {i}?" for i in range(12)]
+    (work / "q.jsonl").write_text("".join(json.dumps({"question": q}) + "\n" for q in questions))
+    prefix = f"record-{uuid.uuid4().hex[:8]}"
+    record = f"s3://{BUCKET}/{prefix}/"
+    argv = [
+        str(Path(sys.executable).with_name("ray-stream-llm")), "run", tiny_models["single"].uri,
+        str(work / "q.jsonl"), "--column", "question", "--output", str(work / "out"),
+        "--resume", record, "--batch-size", "2", "--max-tokens", "4",
+    ]  # fmt: skip
+
+    def start(run: str, env: dict[str, str]) -> subprocess.Popen:
+        (work / run).mkdir()
+        log = open(work / run / "job.log", "w")  # noqa: SIM115 (closed with the process)
+        return subprocess.Popen(
+            argv,
+            env=isolated_env(work / run, env),
+            cwd=work / run,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def recorded_tables() -> list[pa.Table]:
+        client = s3_server.client()
+        listed = client.list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/").get("Contents", [])
+        return [
+            pq.read_table(
+                pa.BufferReader(client.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read())
+            )
+            for o in listed
+            if o["Key"].endswith(".parquet")
+        ]
+
+    start_s = time.time()
+    with TappedLink(s3_server.port) as link:
+        link.hold(rf"^PUT /{BUCKET}/{prefix}/", after=1)
+        first = start("first", link.store_env(s3_server.env()))
+        try:
+            wait_until(
+                lambda: link.held_requests or first.poll() is not None,
+                600,
+                "the first run never recorded a second batch",
+            )
+            assert first.poll() is None, (work / "first" / "job.log").read_text()[-4000:]
+            os.kill(first.pid, signal.SIGKILL)
+            first.wait()
+        finally:
+            if _group_alive(first.pid):
+                os.killpg(first.pid, signal.SIGKILL)
+    # the link closed: the held PUT was never forwarded
+    wait_until(lambda: not _group_alive(first.pid), 60, "the killed run's processes linger")
+    wait_regions_released(start_s)
+    tables = recorded_tables()
+    recorded = sum(t.num_rows for t in tables)
+    puts = [r for r in link.requests if r.startswith("PUT ")]
+    assert len(tables) == 1 and 0 < recorded < len(questions), (len(tables), recorded, puts)
+    second = start("second", s3_server.env())
+    finish(second, work / "second", 600)
+    log = (work / "second" / "job.log").read_text()
+    assert f"resumed: {recorded} row(s) recorded in {record} before this run, " in log, log
+    assert f"{len(questions) - recorded} answered now" in log, log
+    answers = pq.read_table(work / "out" / "answers.parquet").to_pylist()
+    assert [a["question"] for a in answers] == questions  # each row once, in the file's order
+    assert all(a["generated_text"] for a in answers)
+    positions = [r for t in recorded_tables() for r in t["__row"].to_pylist()]
+    assert sorted(positions) == list(range(len(questions)))  # recorded once each, both runs
+    print(f"run --resume: {recorded} rows recorded before the kill, the rest after")

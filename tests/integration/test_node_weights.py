@@ -1,0 +1,309 @@
+"""The node's one pull of the weights (issue 12), without Ray: against the real S3 server,
+measured by its access log and the files in the memory-backed region."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from helpers.janitors import reapers
+from helpers.s3log import AccessLog, copy_model, prefix_of
+from helpers.waiting import wait_until
+
+from ray_stream_llm.errors import ModelNotFoundError, WeightSharingError
+from ray_stream_llm.fetch import fetch_metadata_report
+from ray_stream_llm.stores import ObjectInfo
+from ray_stream_llm.tools.link import Link
+from ray_stream_llm.uri import parse_model_uri
+from ray_stream_llm.weights import region as node_weights
+from ray_stream_llm.weights.region import NodeWeights, Sharing, wait_for
+
+pytestmark = [pytest.mark.s3]
+
+
+@pytest.fixture
+def base(tmp_path_factory):
+    """A region base on /dev/shm (memory-backed), private to the test, removed after."""
+    path = Path("/dev/shm") / f"rsl-test-{os.getpid()}-{time.monotonic_ns()}"
+    yield path
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _wait_gone(region: Path, timeout: float = 20.0) -> None:
+    wait_until(
+        lambda: not region.exists() and not reapers(region),
+        timeout,
+        lambda: repr((region.exists(), reapers(region))),
+        poll=0.2,
+    )
+
+
+def _weights(s3_server, tiny_models, name):
+    model = copy_model(s3_server, tiny_models["sharded"], name)
+    report = fetch_metadata_report(model.uri)
+    return model, parse_model_uri(model.uri), report.weight_objects
+
+
+def test_each_weight_source_gives_vllm_its_weights_and_lets_go(
+    s3_server, s3_env, tiny_models, base
+):
+    """The engine actor's view (weights.source): without sharing, the store's URI and each
+    file's size; with it, the node's region, whose files the loader streams (its marker's
+    list, each once complete, equal to the store's), its pull's status, and gone once
+    released; a region the pull gave up ('auto') hands the engine over to the store, saying
+    why."""
+    from ray_stream_llm.weights import source
+
+    model = copy_model(s3_server, tiny_models["sharded"], "sources")
+    uri = parse_model_uri(model.uri)
+    fetched = fetch_metadata_report(model.uri)
+    store = source.acquire(uri, fetched, None)
+    assert (store.model_weights, store.sharing, store.fills_while_read) == (model.uri, "off", False)
+    assert store.prepare() is store and store.pull() is None
+    assert store.sizes() == dict(fetched.streamable)
+
+    shared = source.acquire(uri, fetched, Sharing("node", base=str(base)))
+    region = Path(shared.model_weights)
+    assert (region.parent.parent, shared.sharing, shared.fills_while_read) == (base, "node", True)
+    assert shared.prepare() is shared
+    files = node_weights.planned_files(region)  # what the loader streams, file by file
+    assert files == [str(region / o.path) for o in fetched.weight_objects]
+    for path in files:
+        node_weights.wait_for(region, Path(path).name, timeout=120)
+        assert Path(path).read_bytes() == (model.local / Path(path).name).read_bytes()
+    assert shared.sizes() == {str(region / o.path): o.size for o in fetched.weight_objects}
+    assert shared.pull()["bytes"] == sum(o.size for o in fetched.weight_objects)
+    shared.release()
+    shared.release()  # idempotent
+    _wait_gone(region)
+
+    given_up = source.acquire(uri, fetched, Sharing("node", base=str(base)))
+    region = Path(given_up.model_weights)
+    # the mark an 'auto' pull leaves when the region no longer fits
+    # (tests/integration/test_region_trust.py makes a pull leave it for real)
+    (region / node_weights.UNSHARED).write_text("not pulled: it no longer fits")
+    fallback = given_up.prepare()
+    assert fallback.model_weights == model.uri
+    assert fallback.sharing == "off: not pulled: it no longer fits"
+    _wait_gone(region)  # the engine let go of it: the last reference
+
+
+def test_one_pull_each_range_once_and_files_equal(s3_server, s3_env, tiny_models, base):
+    model, uri, objects = _weights(s3_server, tiny_models, "share")
+    log = AccessLog(s3_server)
+    weights = NodeWeights(uri, objects, Sharing("node", base=str(base)))
+    region = Path(weights.acquire())
+    for obj in objects:
+        wait_for(region, obj.path)
+        assert (region / obj.path).read_bytes() == (model.local / obj.path).read_bytes()
+    prefix = prefix_of(model.uri)
+    gets = log.gets(prefix)
+    # the listing's metadata is not read again; each weight object in ranged GETs of 8 MiB,
+    # each range once: ceil(size / chunk) GETs, no more
+    assert {k: v for k, v in gets.items() if k.endswith(".safetensors")} == {
+        prefix + o.path: math.ceil(o.size / node_weights.CHUNK) for o in objects
+    }
+    assert node_weights.pull_status(region)["bytes"] == sum(o.size for o in objects)
+    assert reapers(region)  # the detached reaper watches the region
+    weights.release()  # the last reference: the region goes
+    _wait_gone(region)
+    assert not base.exists() or not any(base.rglob("*"))
+
+
+def test_two_processes_share_one_pull(s3_server, s3_env, tiny_models, base):
+    model, uri, objects = _weights(s3_server, tiny_models, "share-two")
+    log = AccessLog(s3_server)
+    code = textwrap.dedent(f"""
+        import sys, time
+        from ray_stream_llm.fetch import fetch_metadata_report
+        from ray_stream_llm.weights.region import NodeWeights, Sharing, wait_for
+        from ray_stream_llm.uri import parse_model_uri
+        report = fetch_metadata_report({model.uri!r})
+        w = NodeWeights(parse_model_uri(report.uri), report.weight_objects,
+                        Sharing("node", base={str(base)!r}))
+        region = w.acquire()
+        for o in report.weight_objects:
+            wait_for(region, o.path)
+        print(region, flush=True)
+        sys.stdin.readline()  # hold the reference until told
+        w.release()
+    """)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    regions = {p.stdout.readline().strip() for p in procs}
+    assert len(regions) == 1
+    region = Path(regions.pop())
+    gets = log.gets(prefix_of(model.uri))
+    assert sum(v for k, v in gets.items() if k.endswith(".safetensors")) == sum(
+        math.ceil(o.size / node_weights.CHUNK) for o in objects
+    )  # one pull for both
+    procs[0].communicate("\n", timeout=30)
+    assert region.exists()  # the other process still holds it
+    procs[1].communicate("\n", timeout=30)
+    _wait_gone(region)
+
+
+def test_a_killed_holder_leaves_nothing_behind(s3_server, s3_env, tiny_models, base):
+    model, uri, objects = _weights(s3_server, tiny_models, "share-killed")
+    code = textwrap.dedent(f"""
+        from ray_stream_llm.fetch import fetch_metadata_report
+        from ray_stream_llm.weights.region import NodeWeights, Sharing
+        from ray_stream_llm.uri import parse_model_uri
+        report = fetch_metadata_report({model.uri!r})
+        w = NodeWeights(parse_model_uri(report.uri), report.weight_objects,
+                        Sharing("node", base={str(base)!r}))
+        print(w.acquire(), flush=True)
+        import time; time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    region = Path(proc.stdout.readline().strip())
+    assert region.exists()
+    # the reaper is a detached process: on a loaded machine (CI's two streams) it may not
+    # have started its own program yet when acquire() returns
+    wait_until(lambda: reapers(region), 60, f"no reaper for {region}", poll=0.1)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    _wait_gone(region)  # the reaper removed the region, then exited
+
+
+def test_a_dead_puller_is_taken_over(s3_server, s3_env, tiny_models, base):
+    """The puller is killed mid-pull (a slow link): the waiting reader takes the pull over
+    and every file completes with the store's bytes."""
+    model, uri, objects = _weights(s3_server, tiny_models, "share-takeover")
+    with Link(s3_server.port, latency=0.3) as proxy:
+        env = {**os.environ, "AWS_ENDPOINT_URL": proxy.endpoint_url}
+        code = textwrap.dedent(f"""
+            from ray_stream_llm.fetch import fetch_metadata_report
+            from ray_stream_llm.weights.region import NodeWeights, Sharing
+            from ray_stream_llm.uri import parse_model_uri
+            report = fetch_metadata_report({model.uri!r})
+            w = NodeWeights(parse_model_uri(report.uri), report.weight_objects,
+                            Sharing("node", base={str(base)!r}))
+            print(w.acquire(), flush=True)
+            import time; time.sleep(600)
+        """)
+        puller = subprocess.Popen(
+            [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env
+        )
+        region = Path(puller.stdout.readline().strip())
+        reader = NodeWeights(uri, objects, Sharing("node", base=str(base)))
+        assert reader.acquire() == str(region)
+        os.kill(puller.pid, signal.SIGKILL)  # mid-pull: the link is slow
+        puller.wait()
+        assert not all(node_weights.done(region, o.path) for o in objects)
+    for obj in objects:  # the store directly now (the proxy is gone)
+        wait_for(region, obj.path, timeout=120)
+        assert (region / obj.path).read_bytes() == (model.local / obj.path).read_bytes()
+    reader.release()
+    _wait_gone(region)
+
+
+def test_a_failed_pull_fails_every_waiter_with_the_cause(s3_server, s3_env, tiny_models, base):
+    model, uri, objects = _weights(s3_server, tiny_models, "share-failed")
+    s3_server.client().delete_object(Bucket="models", Key=uri.key(objects[0].path))
+    weights = NodeWeights(uri, objects, Sharing("node", base=str(base)))
+    region = Path(weights.acquire())
+    with pytest.raises(ModelNotFoundError, match="the shared pull of the weights failed: ") as err:
+        wait_for(region, objects[0].path, timeout=60)
+    assert objects[0].path in str(err.value)
+    weights.release()
+    _wait_gone(region)
+
+
+def test_sharing_that_cannot_fit_is_refused_by_size_when_asked_for(s3_env, base):
+    huge = (
+        ObjectInfo(path="model.safetensors", key="m/model.safetensors", size=1 << 50, etag="x"),
+    )
+    uri = parse_model_uri("s3://models/huge/")
+    with pytest.raises(WeightSharingError) as err:
+        NodeWeights(uri, huge, Sharing("node", base=str(base), required=True)).acquire()
+    assert "1048576.00 GiB" in str(err.value) and "weight_sharing='off'" in str(err.value)
+    # auto: direct streaming, with the reason logged
+    assert NodeWeights(uri, huge, Sharing("node", base=str(base))).acquire() is None
+    assert not any(base.rglob("*.safetensors"))
+
+
+@pytest.mark.e2e
+def test_two_ray_nodes_pull_once_each_and_clean_up(
+    s3_server, s3_env, tiny_models, base, work, monkeypatch
+):
+    """Two Ray nodes on this machine (ray.cluster_utils.Cluster), two actors on each using
+    the shared weights: the store serves the weights once per node, each node's region
+    holds the store's bytes, and every region is removed when its actors are done. (The
+    actors call the node-sharing code directly; the vLLM engines are covered on one node
+    by tests/e2e/test_sharing.py.)"""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    model, uri, objects = _weights(s3_server, tiny_models, "share-nodes")
+    monkeypatch.setenv("RAY_TMPDIR", str(work))  # the clusters' sessions live here, not /tmp/ray
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 2,
+            "resources": {"node_a": 4},
+            "include_dashboard": False,
+        },
+    )
+    cluster.add_node(num_cpus=2, resources={"node_b": 4})
+    log = AccessLog(s3_server)
+    try:
+        ray.init(address=cluster.address, runtime_env={"env_vars": dict(s3_env)})
+
+        @ray.remote(num_cpus=0.1)
+        class User:
+            def __init__(self, uri_text, base_dir):
+                from ray_stream_llm.fetch import fetch_metadata_report
+                from ray_stream_llm.uri import parse_model_uri
+                from ray_stream_llm.weights.region import NodeWeights, Sharing, wait_for
+
+                report = fetch_metadata_report(uri_text)
+                self.weights = NodeWeights(
+                    parse_model_uri(report.uri),
+                    report.weight_objects,
+                    Sharing("node", base=base_dir),
+                )
+                self.region = self.weights.acquire()
+                for o in report.weight_objects:
+                    wait_for(self.region, o.path)
+
+            def where(self):
+                return self.region, ray.get_runtime_context().get_node_id()
+
+            def done(self):
+                self.weights.release()
+
+        users = [
+            User.options(resources={node: 1}).remote(model.uri, str(base))
+            for node in ("node_a", "node_a", "node_b", "node_b")
+        ]
+        where = ray.get([u.where.remote() for u in users])
+        regions = {region for region, _ in where}
+        assert len(regions) == 2 and len({node for _, node in where}) == 2  # one per node
+        for region in regions:
+            for o in objects:
+                assert (Path(region) / o.path).read_bytes() == (model.local / o.path).read_bytes()
+        gets = log.gets(prefix_of(model.uri))
+        assert {k: v for k, v in gets.items() if k.endswith(".safetensors")} == {
+            prefix_of(model.uri) + o.path: 2 * math.ceil(o.size / node_weights.CHUNK)
+            for o in objects
+        }  # once per node
+        ray.get([u.done.remote() for u in users])
+        for region in regions:
+            _wait_gone(Path(region))
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

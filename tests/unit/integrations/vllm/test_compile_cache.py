@@ -1,0 +1,296 @@
+"""vLLM's compile cache on a node (issue 20; integrations/vllm/compile_cache.py), its pure
+parts without an engine: the outcome rules from vLLM's records, the feature detection of
+the load fix, the cache's key for a shared region, and the bounded wait for another
+engine's compile (real processes holding the lock). The engines that compile and load:
+tests/e2e/test_compile_cache.py; the artifacts on a real store:
+tests/integration/test_compile_store.py."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from ray_stream_llm.files import try_locked
+from ray_stream_llm.integrations.vllm import compile_cache, compile_target
+
+
+# --- without an engine -------------------------------------------------------------------------
+def test_outcomes_from_the_records():
+    base = {"pid": 1, "seconds": 2.0, "blocks": 1, "aot": True, "rank": 0}
+    assert compile_cache.outcome({**base, "aot_loaded": 1}) == "hit"
+    assert compile_cache.outcome({**base, "aot_compiles": 1}) == "miss"
+    failed = {**base, "aot_compiles": 1, "load_failures": ["'function' object has no attribute"]}
+    assert compile_cache.outcome(failed) == "load failed: 'function' object has no attribute"
+    off = {**base, "aot": False, "inductor_cache": {"hit": 3, "miss": 0}}
+    assert compile_cache.outcome(off) == "inductor hit"
+    assert compile_cache.outcome({**off, "inductor_cache": {"hit": 3, "miss": 1}}) == "miss"
+    # an engine: the slowest rank's seconds; one outcome, or each rank's when they differ
+    rank1 = {**base, "pid": 2, "rank": 1, "seconds": 3.0}
+    two = [{**base, "aot_loaded": 1}, {**rank1, "aot_loaded": 1}]
+    assert compile_cache.figures(two) == {"compile_seconds": 3.0, "compile_cache": "hit"}
+    two[1] = {**two[1], "aot_loaded": 0, "aot_compiles": 1}
+    assert compile_cache.figures(two)["compile_cache"] == "rank 0: hit; rank 1: miss"
+    # nothing compiled (enforce_eager, or the plugin excluded): no figures
+    assert compile_cache.figures([]) == {"compile_seconds": None, "compile_cache": None}
+    # why the store had nothing for this node, on a miss only
+    why = "artifact for CPU AVX512; this node CPU AVX2"
+    assert compile_cache.figures(two, why)["compile_cache"] == f"rank 0: hit; rank 1: miss ({why})"
+    assert compile_cache.figures(two[:1], why)["compile_cache"] == "hit"
+
+
+def test_records_written_in_the_directory_are_collected(tmp_path):
+    (tmp_path / "compile").mkdir()
+    (tmp_path / "compile" / "7.json").write_text('{"pid": 7, "blocks": 1, "seconds": 1.5}')
+    (tmp_path / "compile" / "8.json.tmp").write_text("{")  # a write in progress: skipped
+    (tmp_path / "0-1.json").write_text("{}")  # a streaming session: not a compile record
+    assert compile_cache.collect(str(tmp_path)) == [{"pid": 7, "blocks": 1, "seconds": 1.5}]
+    assert compile_cache.collect(str(tmp_path / "gone")) == []
+
+
+def test_a_process_records_what_vllm_said_and_never_remakes_a_removed_directory(
+    tmp_path, monkeypatch
+):
+    import logging
+    import os
+
+    monkeypatch.delenv("RAY_STREAM_LLM_LOAD_REPORT_DIR", raising=False)
+    recorder = compile_cache._Recorder(str(tmp_path))
+    reason = "'function' object has no attribute 'finalize_loading'"
+    # vLLM's own warning, as decorators.py logs it
+    recorder.handle(
+        logging.LogRecord(
+            "vllm.compilation.decorators",
+            logging.WARNING,
+            __file__,
+            1,
+            "Compiling model again due to a load failure from %s, reason: %s",
+            ("/x/rank_0_0/model", reason),
+            None,
+        )
+    )
+    # vLLM 0.32's: the compile tag first
+    recorder.handle(
+        logging.LogRecord(
+            "vllm.compilation.decorators",
+            logging.WARNING,
+            __file__,
+            1,
+            "%sCompiling model again due to a load failure from %s, reason: %s",
+            ("[backbone] ", "/x/rank_0_0/model", "Compile cache file corrupted."),
+            None,
+        )
+    )
+    recorder.seconds, recorder.blocks = 2.5, 2
+    recorder.write()
+    [record] = compile_cache.collect(str(tmp_path))
+    assert (record["pid"], record["seconds"], record["blocks"]) == (os.getpid(), 2.5, 2)
+    assert record["load_failures"] == [reason, "Compile cache file corrupted."]
+    assert compile_cache.outcome(record) == "load failed: Compile cache file corrupted."
+    gone = compile_cache._Recorder(str(tmp_path / "removed"))
+    gone.blocks = 1
+    gone.write()
+    assert not (tmp_path / "removed").exists()
+
+
+def test_the_load_fix_is_feature_detected():
+    """On this stack (vLLM 0.29 calls finalize_loading on every loaded artifact, torch's
+    bundled artifact has none) the fix is needed; once applied it is not needed again,
+    and it only adds a method that does nothing."""
+    from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as cls
+
+    had = "finalize_loading" in vars(cls)
+    try:
+        if not had:
+            assert compile_cache.needs_fix()
+        compile_cache.fix_aot_load()
+        assert not compile_cache.needs_fix()
+        assert cls.finalize_loading(object.__new__(cls), None) is None
+    finally:
+        if not had and "finalize_loading" in vars(cls):
+            del cls.finalize_loading
+
+
+def test_a_shared_region_keys_the_compile_cache_by_its_digest_not_its_node(tiny_layout, tmp_path):
+    """vLLM's AOT cache key hashes model_weights; an engine on the node's shared region has
+    ``<base>/<ray node id>/<digest>`` there. With the plugin's key, the same region on
+    another node (or the same node in a new Ray cluster) gives the same key, another
+    region another key, and anything else is keyed as vLLM keys it."""
+    from vllm.compilation import caching
+    from vllm.engine.arg_utils import EngineArgs
+
+    from ray_stream_llm.weights.region import CREATED
+
+    regions = []
+    for node, digest in (("node-a", "0123"), ("node-b", "0123"), ("node-b", "4567")):
+        (tmp_path / node / digest).mkdir(parents=True)
+        (tmp_path / node / digest / CREATED).write_text("{}")
+        regions.append(str(tmp_path / node / digest))
+    config = EngineArgs(
+        model=str(tiny_layout("single")), load_format="runai_streamer"
+    ).create_engine_config()
+
+    def key(weights: str) -> list[str]:
+        config.model_config.model_weights = weights
+        return list(caching.aot_compile_hash_factors(config))
+
+    installed = caching.aot_compile_hash_factors  # vLLM's, or the plugin's if it ran here
+    original = getattr(installed, "__wrapped__", installed)
+    caching.aot_compile_hash_factors = original
+    assert key(regions[0]) != key(regions[1])  # vLLM's own key: one per node
+    try:
+        assert compile_cache.stable_key()
+        assert key(regions[0]) == key(regions[1]) != key(regions[2])
+        assert config.model_config.model_weights == regions[2]  # left as vLLM had it
+        assert compile_cache.stable_key()  # idempotent
+        target = compile_target.key_factor(compile_target.target())
+        for weights in ("s3://models/tiny/single/", str(tmp_path / "node-a"), ""):
+            config.model_config.model_weights = weights  # not a region: vLLM's own key
+            assert caching.aot_compile_hash_factors(config) == [*original(config), target]
+    finally:
+        caching.aot_compile_hash_factors = installed
+
+
+def test_the_same_metadata_under_two_uris_keys_alike(tiny_layout, tmp_path):
+    """Every engine's ``model`` is this library's metadata directory, named after the model's
+    URI: with the plugin's key a copy of the model under another URI (the same files) gets
+    the same key, streamed from the store or from the node's region, a changed config.json
+    another, and a directory the library did not fetch is keyed as vLLM keys it."""
+    import json
+    import shutil
+
+    from vllm.compilation import caching
+    from vllm.engine.arg_utils import EngineArgs
+
+    from ray_stream_llm.fetch import MARKER, _crc32
+    from ray_stream_llm.weights.marks import CREATED
+
+    source = tiny_layout("single")
+    names = sorted(p.name for p in source.iterdir() if p.is_file() and "safetensors" not in p.name)
+    dirs = {}
+    for name in ("aaaa", "bbbb", "cccc"):
+        dirs[name] = tmp_path / name
+        dirs[name].mkdir()
+        for file in names:
+            shutil.copy(source / file, dirs[name] / file)
+    config_json = json.loads((dirs["cccc"] / "config.json").read_text())
+    config_json["rms_norm_eps"] = config_json.get("rms_norm_eps", 1e-6) * 10
+    (dirs["cccc"] / "config.json").write_text(json.dumps(config_json))
+    for uri, name in (("s3://a/m/", "aaaa"), ("s3://b/copy/", "bbbb"), ("s3://c/m/", "cccc")):
+        files = {  # as fetch_model_metadata records them; ETags differ between stores
+            f: {
+                "size": (dirs[name] / f).stat().st_size,
+                "etag": f"{name}-{f}",
+                "crc32": _crc32(dirs[name] / f),
+            }
+            for f in names
+        }
+        (dirs[name] / MARKER).write_text(json.dumps({"version": 2, "uri": uri, "files": files}))
+    config = EngineArgs(
+        model=str(dirs["aaaa"]), load_format="runai_streamer"
+    ).create_engine_config()
+
+    uris = {"aaaa": "s3://a/m/", "bbbb": "s3://b/copy/", "cccc": "s3://c/m/"}
+
+    def key(model: Path) -> list[str]:
+        config.model_config.model = str(model)
+        config.model_config.model_weights = uris[model.name]  # streamed from there
+        return list(caching.aot_compile_hash_factors(config))
+
+    installed = caching.aot_compile_hash_factors
+    original = getattr(installed, "__wrapped__", installed)
+    caching.aot_compile_hash_factors = original
+    assert key(dirs["aaaa"]) != key(dirs["bbbb"])  # vLLM's own key: one per path
+    try:
+        assert compile_cache.stable_key()
+        assert key(dirs["aaaa"]) == key(dirs["bbbb"]) != key(dirs["cccc"])
+        assert config.model_config.model == str(dirs["cccc"])  # left as vLLM had it
+        assert config.model_config.model_weights == "s3://c/m/"
+        # streamed from the node's region (named by a digest of the URI) or from the store:
+        # the same key, whatever the URI
+        region = tmp_path / "node-a" / "0123"
+        region.mkdir(parents=True)
+        (region / CREATED).write_text("{}")
+        streamed = key(dirs["aaaa"])
+        config.model_config.model_weights = str(region)
+        assert list(caching.aot_compile_hash_factors(config)) == streamed
+        config.model_config.model_weights = uris["bbbb"]
+        (dirs["bbbb"] / MARKER).unlink()  # not fetched by the library: vLLM's own key
+        config.model_config.model = str(dirs["bbbb"])
+        target = compile_target.key_factor(compile_target.target())
+        assert caching.aot_compile_hash_factors(config) == [*original(config), target]
+    finally:
+        caching.aot_compile_hash_factors = installed
+
+
+def _hold_then(artifact: str, cache: str, seconds: float, save: bool, ready) -> None:
+    """Another engine's process: claims the artifact, 'compiles' for ``seconds``, saves it
+    (or not) and ends its compile block, which releases the lock (its exit would too)."""
+    os.environ["RAY_STREAM_LLM_CACHE"] = cache
+    assert compile_cache.claim_or_wait(artifact, lambda: None) is None  # it compiles
+    ready.set()
+    time.sleep(seconds)
+    if save:
+        Path(artifact).write_text("compiled")
+    Path(artifact + ".released").write_text(repr(time.time()))  # the moment it lets go
+    compile_cache._release()
+
+
+@pytest.mark.parametrize("save", [True, False])
+def test_an_engine_waits_for_the_node_compile_then_loads_or_compiles_itself(
+    tmp_path, monkeypatch, save
+):
+    """The lock protocol between two real processes: while one compiles, the other waits;
+    it loads the artifact once saved, or compiles itself once the holder ends without one."""
+    import multiprocessing
+
+    monkeypatch.setenv("RAY_STREAM_LLM_CACHE", str(tmp_path / "cache"))
+    artifact = str(tmp_path / "rank_0_0" / "model")
+    Path(artifact).parent.mkdir()
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Event()
+    holder = ctx.Process(
+        target=_hold_then, args=(artifact, str(tmp_path / "cache"), 2.0, save, ready)
+    )
+    holder.start()
+    try:
+        assert ready.wait(30)  # the holder has claimed the artifact
+        got = compile_cache.claim_or_wait(artifact, lambda: Path(artifact).read_text())
+        returned = time.time()
+    finally:
+        holder.join(30)
+    # it waited for the holder: it returned only once the holder had let go (a moment the
+    # holder recorded, not a duration, which a loaded machine stretches either way)
+    assert returned >= float(Path(artifact + ".released").read_text())
+    if save:
+        assert got == "compiled" and not compile_cache._held  # loaded; holds nothing
+    else:
+        assert got is None and artifact in compile_cache._held  # compiles itself, locked
+        compile_cache._release()
+
+
+def test_the_wait_for_another_engines_compile_is_bounded(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_STREAM_LLM_CACHE", str(tmp_path / "cache"))
+    artifact = str(tmp_path / "model")
+    held = try_locked(compile_cache._lock_path(artifact))  # held by "another"
+    assert held is not None
+    with held:
+        start = time.monotonic()
+        assert compile_cache.claim_or_wait(artifact, lambda: "x", wait_s=1.0) is None
+        assert 1.0 <= time.monotonic() - start < 10
+
+
+def test_compile_cache_uri_is_checked_on_the_driver():
+    from ray_stream_llm import StreamingvLLMEngineProcessorConfig
+    from ray_stream_llm.errors import InvalidSettingError
+
+    kwargs = {"model_source": "s3://models/x/", "engine_kwargs": {"load_format": "runai_streamer"}}
+    config = StreamingvLLMEngineProcessorConfig(**kwargs, compile_cache_uri="s3://bucket/cache/")
+    assert config.compile_cache_uri == "s3://bucket/cache/"
+    for good in ("gs://bucket/cache/", "az://container/cache/"):
+        assert StreamingvLLMEngineProcessorConfig(**kwargs, compile_cache_uri=good)
+    for bad in ("/local/dir", "cache", "hf://org/model", "s3://"):
+        with pytest.raises(InvalidSettingError, match="compile_cache_uri is"):
+            StreamingvLLMEngineProcessorConfig(**kwargs, compile_cache_uri=bad)
