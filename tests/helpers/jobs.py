@@ -140,6 +140,9 @@ def run_isolated(
     # Our engine UDF's janitor removes the engine's segments: any left is recorded here
     # (the tests assert none), and removed either way.
     out["shm_left"] = segments_left(start)
+    if out["shm_left"]:  # what the engines' janitors saw and did, for whoever reads the failure
+        for log in sorted((work / "ray").rglob("rsl-janitor-*.log")):
+            print(f"--- {log}\n{log.read_text(errors='replace')[-4000:]}")
     return out, written, time.time() - start
 
 

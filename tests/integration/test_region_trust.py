@@ -402,6 +402,79 @@ def test_the_janitor_waits_for_workers_that_outlive_the_engine(
         Path(f"/dev/shm/{name}").unlink(missing_ok=True)
 
 
+def test_the_janitor_removes_what_a_worker_maps_after_the_engine_died(tmp_path, janitor_saw):
+    """A worker that outlives the actor can still map a segment (vLLM's workers shut down
+    after their engine): the janitor records what the tree maps until it has exited, not
+    only while the actor lived, and removes it too."""
+    tag = uuid.uuid4().hex[:8]
+    first, later = f"psm_rsl{tag}first", f"psm_rsl{tag}later"
+    # the second mapping prints nothing: the engine reading the worker's output is gone
+    then = _MAPPER.format(name=later).replace('print("mapped", flush=True)', "")
+    worker = _MAPPER.format(name=first).replace(
+        "time.sleep(600)", "time.sleep(2)\n" + then.replace("time.sleep(600)", "time.sleep(2)")
+    )
+    engine = _engine_with_worker(worker)
+    watcher = threading.Thread(target=shm._watch, args=(engine.pid, time.time() - 1, [], 0.05))
+    try:
+        word, kid = engine.stdout.readline().split()
+        assert word == "mapped"
+        watcher.start()
+        wait_until(lambda: first in janitor_saw, 30, "the janitor never saw the segment")
+        engine.send_signal(signal.SIGKILL)  # the actor dies before its worker maps `later`
+        engine.wait()
+        assert later not in janitor_saw
+        watcher.join(timeout=60)
+        assert not watcher.is_alive()
+        assert later in janitor_saw  # seen while the worker outlived the actor
+        assert not Path(f"/dev/shm/{first}").exists() and not Path(f"/dev/shm/{later}").exists()
+    finally:
+        engine.kill()
+        for name in (first, later):
+            Path(f"/dev/shm/{name}").unlink(missing_ok=True)
+
+
+def test_the_janitor_logs_beside_the_actors_stderr_file(tmp_path):
+    """A janitor started from a process whose stderr is a file (a Ray worker's log) writes
+    what it saw and did to rsl-janitor-<pid>.log beside it; it removes the segment its
+    engine's tree mapped once that tree has exited."""
+    name = f"psm_rsl{uuid.uuid4().hex[:8]}log"
+    code = textwrap.dedent(f"""
+        import subprocess, sys, time
+        from ray_stream_llm.integrations.vllm import shm
+        kid = subprocess.Popen([sys.executable, "-c", {_MAPPER.format(name=name)!r}],
+                               stdout=subprocess.PIPE, text=True)
+        print(kid.stdout.readline().strip(), kid.pid, flush=True)
+        shm.spawn_janitor(__import__("os").getpid(), time.time() - 1)
+        print(shm.janitor_log(__import__("os").getpid()), flush=True)
+        time.sleep(600)
+    """)
+    err = tmp_path / "worker-1.err"
+    with open(err, "w") as stderr:
+        engine = subprocess.Popen(
+            [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=stderr, text=True
+        )
+    log = tmp_path / f"rsl-janitor-{engine.pid}.log"
+    kid = None
+    try:
+        word, kid = engine.stdout.readline().split()
+        assert word == "mapped"
+        assert engine.stdout.readline().strip() == str(log)
+        # the janitor's first poll of the engine's tree (the worker mapping the segment)
+        wait_until(lambda: log.exists() and "watching" in log.read_text(), 30, "no janitor log")
+        psutil.Process(int(kid)).kill()  # the worker dies mapping it; then the engine
+        engine.kill()
+        engine.wait()
+        wait_until(lambda: "done" in log.read_text(), 60, log.read_text)
+        text = log.read_text()
+        assert f"actor {engine.pid} exited" in text and name in text, text
+        assert not Path(f"/dev/shm/{name}").exists(), text
+    finally:
+        engine.kill()
+        if kid and psutil.pid_exists(int(kid)):
+            psutil.Process(int(kid)).kill()
+        Path(f"/dev/shm/{name}").unlink(missing_ok=True)
+
+
 def test_the_janitor_ends_workers_a_killed_engine_left_running(tmp_path, janitor_saw):
     """An actor killed outright (Ray's memory monitor sends SIGKILL) leaves vLLM's engine
     core and workers running with nobody to serve, holding memory and segments: after its

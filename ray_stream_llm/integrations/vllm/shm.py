@@ -138,7 +138,9 @@ def spawn_janitor(pid: int, since: float, *dirs: str) -> None:
     its processes map; once it has exited, however it ended, it removes those of them no
     process maps any more (never another engine's or program's), and the directories
     ``dirs`` (the engine's private IPC directory), then exits. An actor that Ray kills at
-    shutdown runs no ``__del__``; the janitor still cleans up after it."""
+    shutdown runs no ``__del__``; the janitor still cleans up after it. What it saw and did
+    goes to ``rsl-janitor-<pid>.log`` beside the actor's own log in Ray's session
+    (:func:`janitor_log`)."""
     import sys
 
     from ray_stream_llm.detached import detach
@@ -146,7 +148,20 @@ def spawn_janitor(pid: int, since: float, *dirs: str) -> None:
     # run as a script, not ``-m``: the package's __init__ imports Ray (about 250 MB and
     # seconds of CPU in every janitor); this module needs the standard library and psutil
     argv = [sys.executable, os.path.abspath(__file__), str(pid), repr(since)]
-    detach([*argv, *dirs])
+    detach([*argv, janitor_log(pid) or "-", *dirs])
+
+
+def janitor_log(pid: int) -> str | None:
+    """The janitor's log for the actor ``pid`` (this process): ``rsl-janitor-<pid>.log`` in
+    the directory of the file this process's stderr goes to (a Ray worker's: its node's
+    session logs, removed with them); None where stderr is no file."""
+    try:
+        target = os.readlink("/proc/self/fd/2")
+    except OSError:
+        return None
+    if not target.startswith("/") or not os.path.isfile(target):
+        return None  # a pipe, a terminal, a deleted file
+    return os.path.join(os.path.dirname(target), f"rsl-janitor-{pid}.log")
 
 
 def _started(procs: list[Any]) -> dict[int, float]:
@@ -188,14 +203,26 @@ def _signal(members: dict[int, float], signum: int) -> None:
             proc.send_signal(signum)
 
 
+def _mappers(names: set[str]) -> dict[str, list[int]]:
+    """For each of ``names``, the pids of the processes that map it now."""
+    import psutil
+
+    found: dict[str, list[int]] = {}
+    for proc in psutil.process_iter():
+        for name in _mapped_by([proc]) & names:
+            found.setdefault(name, []).append(proc.pid)
+    return found
+
+
 def _watch(pid: int, since: float, dirs: list[str], poll: float = 0.5, grace: float = 60.0) -> None:
     """Watch ``pid`` and its descendants; once the actor has exited, wait (up to ``grace``
     s) for every process of its tree to exit too (vLLM's workers can outlive the actor by
-    seconds on a loaded node, and a segment they map is not an orphan yet), then end those
-    still running (an actor killed outright, as Ray's memory monitor kills, leaves vLLM's
-    engine core and workers with nobody to serve, holding the KV cache's memory and the
-    segments: SIGTERM, then SIGKILL), then remove the segments they mapped that no process
-    maps any more."""
+    seconds on a loaded node, and a segment they map is not an orphan yet; what they map
+    meanwhile is recorded too), then end those still running (an actor killed outright, as
+    Ray's memory monitor kills, leaves vLLM's engine core and workers with nobody to serve,
+    holding the KV cache's memory and the segments: SIGTERM, then SIGKILL), then remove the
+    segments they mapped that no process maps any more (waiting up to 30 s for processes
+    that are exiting to unmap them; what still maps one then is logged)."""
     import shutil
 
     seen: set[str] = set()
@@ -203,25 +230,43 @@ def _watch(pid: int, since: float, dirs: list[str], poll: float = 0.5, grace: fl
     while Path(f"/proc/{pid}").exists():
         procs = _processes(pid)  # one walk of the tree per poll serves both
         seen |= _mapped_by(procs)
+        if not members:
+            logger.info("watching actor %d: processes %s", pid, [p.pid for p in procs])
         members |= _started(procs)
         time.sleep(poll)
+    logger.info("actor %d exited; its processes %s mapped %s", pid, sorted(members), sorted(seen))
     deadline = time.monotonic() + grace
     while _alive(members) and time.monotonic() < deadline:
+        seen |= _mapped_by(_running(members))
         time.sleep(poll)
     for signum, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
         if not _alive(members):
             break
+        logger.info("sending %s to %s", signal.Signals(signum).name, _running(members))
         _signal(members, signum)
         deadline = time.monotonic() + wait
         while _alive(members) and time.monotonic() < deadline:
             time.sleep(poll)
     if seen:
-        remove_orphaned_segments(since, wait=5.0, only=seen)
+        remove_orphaned_segments(since, wait=30.0, only=seen)
+        kept = {p.name for p in SHM_DIR.glob("psm_*")} & seen
+        if kept:
+            logger.warning("segments still mapped, not removed: %s", _mappers(kept))
     for directory in dirs:
         shutil.rmtree(directory, ignore_errors=True)
+    logger.info("done")
 
 
 if __name__ == "__main__":
     import sys
 
-    _watch(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:])
+    actor, started, log = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+    if log != "-":
+        logging.basicConfig(
+            filename=log, level=logging.INFO, format="%(asctime)s %(process)d %(message)s"
+        )
+    try:
+        _watch(actor, started, sys.argv[4:])
+    except BaseException:
+        logger.exception("the janitor of actor %d failed", actor)
+        raise
