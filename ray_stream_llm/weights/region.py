@@ -621,7 +621,7 @@ def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock: He
             "pid": os.getpid(),
         }
         status.update(peer.status() if peer else {"source": "store"})
-        (region / ".pull.json").write_text(json.dumps(status))
+        write_whole(region / ".pull.json", json.dumps(status))
         logger.info(
             "Pulled %d bytes of %s into %s in %.2fs from %s (shared by this node's engines)",
             pulled,
@@ -711,10 +711,24 @@ def pull_error(region: str | Path) -> Exception | None:
 
 
 def pull_status(region: str | Path) -> dict[str, Any] | None:
+    """The record of the pull that filled ``region`` (``.pull.json``), None before it is
+    written: the pull writes it just after its last file is whole."""
     try:
         status: dict[str, Any] = json.loads((Path(region) / ".pull.json").read_text())
     except (OSError, ValueError):
         return None
+    return status
+
+
+def finished_pull(region: str | Path, timeout: float = 30.0) -> dict[str, Any] | None:
+    """:func:`pull_status` once the pull has ended: a reader that saw the last file whole
+    can come before the record; it waits while the pull still holds its lock (up to
+    ``timeout`` s). None where no pull ended with a record (it failed, or never ran)."""
+    deadline = time.monotonic() + timeout
+    while (status := pull_status(region)) is None and time.monotonic() < deadline:
+        if _pull_free(Path(region)):
+            return pull_status(region)  # ended meanwhile, or no pull holds it
+        time.sleep(0.05)
     return status
 
 

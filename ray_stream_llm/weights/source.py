@@ -26,7 +26,7 @@ from ray_stream_llm.uri import ModelURI
 from ray_stream_llm.weights.region import (
     NodeWeights,
     Sharing,
-    pull_status,
+    finished_pull,
     start_pull,
     unshared,
 )
@@ -131,7 +131,7 @@ class RegionWeights:
         return {os.path.join(self.region, o.path): o.size for o in self.fetched.weight_objects}
 
     def pull(self) -> dict[str, Any] | None:
-        return pull_status(self.region)
+        return finished_pull(self.region)  # its record follows the last file by moments
 
     def release(self) -> None:
         if not self._released:

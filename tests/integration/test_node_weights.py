@@ -112,7 +112,7 @@ def test_one_pull_each_range_once_and_files_equal(s3_server, s3_env, tiny_models
     assert {k: v for k, v in gets.items() if k.endswith(".safetensors")} == {
         prefix + o.path: math.ceil(o.size / node_weights.CHUNK) for o in objects
     }
-    assert node_weights.pull_status(region)["bytes"] == sum(o.size for o in objects)
+    assert node_weights.finished_pull(region)["bytes"] == sum(o.size for o in objects)
     assert reapers(region)  # the detached reaper watches the region
     weights.release()  # the last reference: the region goes
     _wait_gone(region)
