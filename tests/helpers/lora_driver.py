@@ -51,7 +51,10 @@ def main() -> None:
             sampling_params=dict(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
         ),
         postprocess=lambda row: dict(
-            question=row["question"], model=row["model"], answer=row["generated_text"]
+            question=row["question"],
+            model=row["model"],
+            answer=row["generated_text"],
+            tokens=list(row["generated_tokens"]),
         ),
     )
     names = [spec["model"], *spec["adapters"]]
