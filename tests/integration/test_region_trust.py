@@ -300,17 +300,23 @@ _MAPPER = textwrap.dedent("""
 """)
 
 
-def _engine_with_worker(worker: str) -> subprocess.Popen:
+def _engine_with_worker(worker: str, then: str = "", stderr=None) -> subprocess.Popen:
     """A process standing for an engine actor, with one child running ``worker`` (it prints
-    "mapped" once its segment is mapped); the engine prints that word and the child's pid."""
-    code = textwrap.dedent(f"""
+    "mapped" once its segment is mapped); the engine prints that word and the child's pid,
+    runs the statements ``then`` and waits. ``stderr``: where the engine's stderr goes."""
+    code = (
+        textwrap.dedent(f"""
         import subprocess, sys, time
         kid = subprocess.Popen([sys.executable, "-c", {worker!r}], stdout=subprocess.PIPE,
                                text=True)
         print(kid.stdout.readline().strip(), kid.pid, flush=True)
-        time.sleep(600)
     """)
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        + textwrap.dedent(then)
+        + "time.sleep(600)\n"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=stderr, text=True
+    )
 
 
 @pytest.fixture
@@ -438,21 +444,15 @@ def test_the_janitor_logs_beside_the_actors_stderr_file(tmp_path):
     what it saw and did to rsl-janitor-<pid>.log beside it; it removes the segment its
     engine's tree mapped once that tree has exited."""
     name = f"psm_rsl{uuid.uuid4().hex[:8]}log"
-    code = textwrap.dedent(f"""
-        import subprocess, sys, time
+    # since the engine started, as the engine actor's own (its segments are newer)
+    then = """
+        import os, psutil
         from ray_stream_llm.integrations.vllm import shm
-        kid = subprocess.Popen([sys.executable, "-c", {_MAPPER.format(name=name)!r}],
-                               stdout=subprocess.PIPE, text=True)
-        print(kid.stdout.readline().strip(), kid.pid, flush=True)
-        shm.spawn_janitor(__import__("os").getpid(), time.time() - 1)
-        print(shm.janitor_log(__import__("os").getpid()), flush=True)
-        time.sleep(600)
-    """)
-    err = tmp_path / "worker-1.err"
-    with open(err, "w") as stderr:
-        engine = subprocess.Popen(
-            [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=stderr, text=True
-        )
+        shm.spawn_janitor(os.getpid(), psutil.Process().create_time() - 1)
+        print(shm.janitor_log(os.getpid()), flush=True)
+    """
+    with open(tmp_path / "worker-1.err", "w") as stderr:
+        engine = _engine_with_worker(_MAPPER.format(name=name), then, stderr)
     log = tmp_path / f"rsl-janitor-{engine.pid}.log"
     kid = None
     try:

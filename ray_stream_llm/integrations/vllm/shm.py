@@ -249,7 +249,7 @@ def _watch(pid: int, since: float, dirs: list[str], poll: float = 0.5, grace: fl
             time.sleep(poll)
     if seen:
         remove_orphaned_segments(since, wait=30.0, only=seen)
-        kept = {p.name for p in SHM_DIR.glob("psm_*")} & seen
+        kept = {name for name in seen if (SHM_DIR / name).exists()}
         if kept:
             logger.warning("segments still mapped, not removed: %s", _mappers(kept))
     for directory in dirs:
