@@ -7,7 +7,8 @@ Every connection through one :class:`Link` shares what it is given:
   node's share of a real store's link (the benchmarks);
 - ``latency`` (s): a delay before each chunk the client sends (a slow store);
 - ``cut_after_bytes``: once that many bytes came down, every open connection is reset and
-  new ones are refused, for ``down_for`` seconds (None: for good): a store that drops.
+  new ones are refused, for ``down_for`` seconds (None: for good): a store that drops
+  (:meth:`Link.cut` drops it at once).
 
 ``bytes_down`` counts what the store sent through it; ``refused`` the connections refused
 while it was down. (Per-object bytes need HTTP: :mod:`.shard_proxy`.)
@@ -136,7 +137,9 @@ class Link:
                 wait = (n - self._tokens) / self.rate
             time.sleep(min(wait, 0.05))
 
-    def _cut(self) -> None:
+    def cut(self) -> None:
+        """Drop the link now: every open connection reset, new ones refused for
+        ``down_for`` seconds (None: for good)."""
         with self._lock:
             if self.cut_at is None:
                 self.cut_at = time.monotonic()
@@ -170,7 +173,7 @@ class Link:
                             and self.bytes_down >= self.cut_after_bytes
                         )
                     if over:
-                        self._cut()
+                        self.cut()
                         return
         except OSError:
             pass

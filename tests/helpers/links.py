@@ -172,10 +172,10 @@ class TappedLink(Link):
             finally:
                 self._clients.pop(src, None)
 
-    def _cut(self) -> None:
+    def cut(self) -> None:
         with self._lock:
             if self.cut_at is None:
                 self.bytes_at_cut = self.bytes_down
                 self.requests_at_cut = list(self.requests)
                 self.ranges_at_cut = list(self.ranges)
-        super()._cut()
+        super().cut()

@@ -379,12 +379,6 @@ def test_the_key_safety_rule_refuses_each_unsafe_spelling():
             uri.safe_relative(bad)
 
 
-def _cut_at_the_next_bytes(link: TappedLink) -> None:
-    """The link drops at the next bytes the store sends (every connection reset, new ones
-    refused for its ``down_for``)."""
-    link.cut_after_bytes = link.bytes_down
-
-
 class _DownUntilRefused(TappedLink):
     """Down for ``down_for`` s once cut, and after that until it has refused a connection:
     the client is seen calling while the store is down, however late a loaded machine lets
@@ -405,8 +399,9 @@ def test_a_store_that_drops_is_waited_out_within_the_budget(s3_server, no_aws_en
         uri, store = _threads_store(s3_server, 3, link.endpoint_url, timeout_s=60)
         deadline = StoreDeadline(60, wait_out_outages=True)
         client, listing = stores.list_model(uri, store, deadline, connections=1)
-        _cut_at_the_next_bytes(link)
-        got = [stores.read(client, uri, o.path, deadline, 0, 9, etag=o.etag) for o in listing]
+        got = [stores.read(client, uri, listing[0].path, deadline, 0, 9, etag=listing[0].etag)]
+        link.cut()  # between two reads on the client's open connection
+        got += [stores.read(client, uri, o.path, deadline, 0, 9, etag=o.etag) for o in listing[1:]]
         ended = time.monotonic()
     assert got == [bytes([i]) * 10 for i in range(3)]
     assert link.cut_at is not None and link.refused >= 1, (link.cut_at, link.refused)
@@ -426,8 +421,8 @@ def test_a_store_left_down_fails_within_the_budget_naming_it(s3_server, no_aws_e
         at_once = StoreDeadline(budget)
         deadline = StoreDeadline(budget, wait_out_outages=True)
         client, listing = stores.list_model(uri, store, deadline, connections=1)
-        _cut_at_the_next_bytes(link)
-        stores.read(client, uri, listing[0].path, deadline, 0, 9)  # its answer cuts the link
+        stores.read(client, uri, listing[0].path, deadline, 0, 9)
+        link.cut()
         began = time.monotonic()
         with pytest.raises(StoreUnreachableError) as fast:
             stores.read(client, uri, listing[1].path, at_once, 0, 9)
