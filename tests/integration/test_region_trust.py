@@ -5,6 +5,7 @@ the library's vLLM plugin, real processes and real shared-memory files."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -376,6 +377,32 @@ def test_the_janitor_removes_only_segments_the_engines_processes_mapped(tmp_path
         child.kill()
         for name in (own, foreign):
             Path(f"/dev/shm/{name}").unlink(missing_ok=True)
+
+
+def test_the_janitor_keeps_a_segment_older_than_the_engine_and_says_so(caplog):
+    """A segment the engine mapped but that was there before it started is not the engine's
+    to remove: kept, and logged as such, not as one still mapped."""
+    name = f"psm_rsl{uuid.uuid4().hex[:8]}old"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _MAPPER.format(name=name)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout.readline().strip() == "mapped"
+        since = time.time() + 3600  # the engine started after the segment was written
+        watcher = threading.Thread(target=shm._watch, args=(child.pid, since, [], 0.05))
+        with caplog.at_level(logging.INFO, logger=shm.logger.name):
+            watcher.start()
+            wait_until(lambda: "watching actor" in caplog.text, 30, "the janitor never looked")
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+            watcher.join(timeout=30)
+        assert not watcher.is_alive()
+        assert Path(f"/dev/shm/{name}").exists()
+        assert f"older than the engine or unmapped only now: ['{name}']" in caplog.text
+        assert "still mapped" not in caplog.text, caplog.text
+    finally:
+        child.kill()
+        Path(f"/dev/shm/{name}").unlink(missing_ok=True)
 
 
 def test_the_janitor_waits_for_workers_that_outlive_the_engine(

@@ -250,8 +250,13 @@ def _watch(pid: int, since: float, dirs: list[str], poll: float = 0.5, grace: fl
     if seen:
         remove_orphaned_segments(since, wait=30.0, only=seen)
         kept = {name for name in seen if (SHM_DIR / name).exists()}
-        if kept:
-            logger.warning("segments still mapped, not removed: %s", _mappers(kept))
+        mapped = _mappers(kept) if kept else {}
+        if mapped:
+            logger.warning("segments still mapped, not removed: %s", mapped)
+        if unmapped := sorted(kept - mapped.keys()):
+            logger.info(
+                "segments not removed, older than the engine or unmapped only now: %s", unmapped
+            )
     for directory in dirs:
         shutil.rmtree(directory, ignore_errors=True)
     logger.info("done")
