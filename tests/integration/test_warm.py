@@ -97,6 +97,11 @@ def test_warm_weights_left_by_an_earlier_ray_session_are_adopted(
     model = copy_model(s3_server, tiny_models["single"], "warm-adopt")
     objects = fetch_metadata_report(model.uri).weight_objects
     region = _job(model.uri, objects, base, keep_warm_s=60)
+    # what an earlier session's job leaves once it has ended: its pull's record written (the
+    # pull's thread can still be writing it after the engine saw its files whole; moved
+    # then, the pull fails) and the region kept warm
+    assert node_weights.finished_pull(region) is not None
+    wait_until((region / node_weights.WARM_UNTIL).exists, 30, "never kept warm")
     old = base / "earlier-session" / region.name
     old.parent.mkdir(parents=True)
     os.rename(region, old)
