@@ -9,14 +9,19 @@ On vLLM 0.32 the digests are vLLM's own (``compute_tensor_digests``, what its
 ``compute_weight_checksums()`` returns): the contract test (make test-compat). On vLLM 0.29,
 which has none, the library hashes the same way; the proof there rides on the jobs of
 tests/e2e/test_sharing.py and tests/e2e/test_peers.py, so this file runs only in the vLLM 0.32
-environment."""
+environment. Its job is also vLLM 0.32's streamed job end to end (it replaced a SmolLM2 job
+there, one engine job fewer): every row answered, no weight file of any format on local
+disk, no shared memory left, the store-streamed engine's report the store's object sizes
+and the streamer's tensor bytes, and the store asked for no weight object but the
+safetensors. (SmolLM2's answers are proven on vLLM 0.29: tests/e2e/test_streamed_jobs.py.)"""
 
 from __future__ import annotations
 
 import importlib.metadata
 
 import pytest
-from helpers.jobs import SHARDED_MAX_TOKENS, SHARDED_QUESTIONS, run_isolated
+from helpers.jobs import SHARDED_MAX_TOKENS, SHARDED_QUESTIONS, reads_under, run_isolated
+from helpers.models import is_weight, tensor_bytes
 from helpers.s3log import copy_model
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e, pytest.mark.engine, pytest.mark.compat]
@@ -28,7 +33,8 @@ def test_engines_fed_from_the_store_a_region_and_a_peer_hold_the_same_bytes(
     model = copy_model(s3_server, tiny_models["sharded"], "checksums")
     # a head for the CPU stages, two engine nodes of one slot each
     slot = {"num_cpus": 4, "resources": {"slot": 1}}
-    out, _, seconds = run_isolated(
+    before = s3_server.served()
+    out, written, seconds = run_isolated(
         s3_server,
         work,
         model.uri,
@@ -65,6 +71,27 @@ def test_engines_fed_from_the_store_a_region_and_a_peer_hold_the_same_bytes(
     assert answers[0] == answers[1] and sorted(answers[0]) == sorted(SHARDED_QUESTIONS)
     # vLLM's own digests (its compute_weight_checksums()), not the library's stand-in
     assert {c["by"] for checks in held.values() for c in checks} == {"vllm"}, held
+    # the streamed job end to end on this vLLM: every row answered, nothing of the weights
+    # on local disk, no shared memory left, the store asked for safetensors objects only
+    assert all(
+        r["answer"].strip() and r["num_generated_tokens"] > 0
+        for run in out["runs"]
+        for r in run["rows"]
+    ), out["runs"]
+    assert written == {}, written
+    assert out["shm_left"] == []
+    reads = reads_under(s3_server, model.uri, before)
+    assert {u.removeprefix(model.uri) for u in reads if is_weight(u)} == set(model.weights)
+    # the store-streamed engine's report: the store's object sizes, the streamer's tensors
+    assert store["streamed"] and store["attempt"] == 1, store
+    assert (store["weight_files"], store["weight_bytes"]) == (
+        len(model.weights),
+        sum((model.local / w).stat().st_size for w in model.weights),
+    ), store
+    assert store["streamed_tensor_bytes"] == sum(
+        tensor_bytes(model.local / w) for w in model.weights
+    )
+    assert 0 < store["stream_seconds"] < store["ready_seconds"], store
 
 
 def test_the_stand_in_for_an_older_vllm_hashes_as_vllm_does():
