@@ -32,7 +32,7 @@ DRIVER = HELPERS / "lora_driver.py"
 def test_engine_serves_the_adapter_from_the_same_store(s3_server, tiny_models, work, tmp_path):
     """Real Ray, real CPU vLLM, the store set only in the config: each question asked of
     the base model, of ``loud`` and of ``zero``. ``loud``'s answers differ from the base
-    model's from their first token, ``zero``'s first three tokens equal the base model's;
+    model's from their first token, ``zero``'s first token is the base model's;
     the store served each adapter's files, signed with the config's keys, and no adapter
     weight was left on local disk."""
     model = tiny_models["single"]
@@ -63,13 +63,14 @@ def test_engine_serves_the_adapter_from_the_same_store(s3_server, tiny_models, w
     answers = {(r["model"], r["question"]): r["answer"] for r in rows}
     tokens = {(r["model"], r["question"]): r["tokens"] for r in rows}
     assert all(answers[(model.uri, q)] for q in questions), answers
-    # Greedy decoding of a random-weight model meets near-ties after a few tokens, and
-    # there the batch a row runs in (its float sums) decides: clean-clone run c12 saw the
-    # base model's own answers change from the sixth token on. The adapters show in the
-    # first tokens: loud changes the first one, zero none of the first three.
+    # Greedy decoding of a random-weight model meets near-ties after a token or two, and
+    # there the batch a row runs in (its float sums) decides: clean-clone runs saw zero's
+    # answer leave the base model's at the sixth token (c12) and at the third (c15). The
+    # adapters show in the first token, decided by the prompt alone: loud changes it for
+    # every question, zero for none.
     for q in questions:
         base, loud, zero = (tokens[(m, q)] for m in (model.uri, "loud", "zero"))
-        assert zero[:3] == base[:3] and loud[0] != base[0], (q, base, loud, zero)
+        assert zero[0] == base[0] and loud[0] != base[0], (q, base, loud, zero)
 
     prefix = lora_path[len("s3://models/") :]
     served = [r for r in log.requests() if r.key.startswith(prefix) and r.method == "GET"]
