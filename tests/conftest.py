@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from helpers.janitors import wait_for_detached
+from helpers.jobs import share_model_records
 from helpers.models import LAYOUTS, UploadedModel, build_layout, metadata_files, weight_files
 
 from ray_stream_llm.tools.localstore import LocalS3Server
@@ -106,9 +107,7 @@ def work(vllm_modelinfos: Path) -> Iterator[Path]:
     model-class records, :func:`vllm_modelinfos`), TMPDIR, caches and Ray session (Ray's
     socket paths must stay under 107 bytes)."""
     path = Path(tempfile.mkdtemp(prefix="rsl-job-", dir="/tmp"))
-    cache = path / "home" / ".cache" / "vllm"
-    cache.mkdir(parents=True)
-    (cache / "modelinfos").symlink_to(vllm_modelinfos, target_is_directory=True)
+    share_model_records(path, vllm_modelinfos)
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
@@ -142,7 +141,9 @@ def silent_endpoint() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def sharded_job(s3_server: LocalS3Server, tiny_models: dict[str, UploadedModel]) -> Iterator[dict]:
+def sharded_job(
+    s3_server: LocalS3Server, tiny_models: dict[str, UploadedModel], vllm_modelinfos: Path
+) -> Iterator[dict]:
     """The sharded tiny model answering SHARDED_QUESTIONS (greedy) with one engine that streams
     from the store (``weight_sharing="off"``) through a proxy adding 50 ms to every request
     chunk, the store set once, in the config (endpoint ``localhost``), the driver's
@@ -160,6 +161,7 @@ def sharded_job(s3_server: LocalS3Server, tiny_models: dict[str, UploadedModel])
 
     model = tiny_models["sharded"]
     work = Path(tempfile.mkdtemp(prefix="rsl-job-", dir="/tmp"))  # short: Ray socket paths
+    share_model_records(work, vllm_modelinfos)
     try:
         with TappedLink(s3_server.port, latency=0.05) as proxy:
             store = store_through(s3_server, proxy.endpoint_url.replace("127.0.0.1", "localhost"))

@@ -31,7 +31,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers.jobs import wait_regions_released
+from helpers.jobs import share_model_records, wait_regions_released
 from helpers.links import TappedLink
 from helpers.paths import HELPERS
 from helpers.s3log import BUCKET, AccessLog, prefix_of
@@ -90,9 +90,13 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def start_job(run_dir: Path, spec: dict, server_env: dict[str, str]) -> subprocess.Popen:
-    """The job's driver in its own session and HOME, as a user's command would run."""
+def start_job(
+    run_dir: Path, spec: dict, server_env: dict[str, str], records: Path
+) -> subprocess.Popen:
+    """The job's driver in its own session and HOME (with the session's vLLM model-class
+    records, ``records``), as a user's command would run."""
     run_dir.mkdir(parents=True)
+    share_model_records(run_dir, records)
     (run_dir / "spec.json").write_text(json.dumps(spec))
     env = isolated_env(run_dir, server_env)
     log = open(run_dir / "job.log", "w")  # noqa: SIM115 (closed with the process)
@@ -184,7 +188,7 @@ def weight_gets(log: AccessLog, model: str) -> dict[str, int]:
 @pytest.mark.e2e
 @pytest.mark.engine
 def test_a_killed_job_resumes_warm_on_two_cpus_and_writes_every_id_once(
-    s3_server, tiny_models, work, sharing_dir
+    s3_server, tiny_models, work, sharing_dir, vllm_modelinfos
 ):
     write_input(work / "input")
     model = tiny_models["single"].uri
@@ -192,7 +196,10 @@ def test_a_killed_job_resumes_warm_on_two_cpus_and_writes_every_id_once(
     config = {"keep_warm_s": 600, "weight_sharing_dir": str(sharing_dir)}
     first_log = AccessLog(s3_server)
     first = start_job(
-        work / "first", spec_for(work, "first", model, 2, cache_uri, config), s3_server.env()
+        work / "first",
+        spec_for(work, "first", model, 2, cache_uri, config),
+        s3_server.env(),
+        vllm_modelinfos,
     )
     first_files = kill_at_first_output(first, work / "output")
     first_gets = weight_gets(first_log, model)
@@ -207,7 +214,10 @@ def test_a_killed_job_resumes_warm_on_two_cpus_and_writes_every_id_once(
 
     log = AccessLog(s3_server)
     second = start_job(
-        work / "second", spec_for(work, "second", model, 2, cache_uri, config), s3_server.env()
+        work / "second",
+        spec_for(work, "second", model, 2, cache_uri, config),
+        s3_server.env(),
+        vllm_modelinfos,
     )
     finish(second, work / "second", 600)
     rerun_gets = weight_gets(log, model)
@@ -247,7 +257,9 @@ def test_a_killed_job_resumes_warm_on_two_cpus_and_writes_every_id_once(
 @pytest.mark.s3
 @pytest.mark.e2e
 @pytest.mark.engine
-def test_run_resume_answers_only_what_a_killed_run_left(s3_server, tiny_models, work):
+def test_run_resume_answers_only_what_a_killed_run_left(
+    s3_server, tiny_models, work, vllm_modelinfos
+):
     """``ray-stream-llm run --resume s3://...``, on an input without an ``id`` column (rows
     keyed by their position): killed while it records its second batch (the store behind a
     link that lets the record's first PUT through and holds the next, so that the kill
@@ -266,6 +278,7 @@ def test_run_resume_answers_only_what_a_killed_run_left(s3_server, tiny_models, 
 
     def start(run: str, env: dict[str, str]) -> subprocess.Popen:
         (work / run).mkdir()
+        share_model_records(work / run, vllm_modelinfos)
         log = open(work / run / "job.log", "w")  # noqa: SIM115 (closed with the process)
         return subprocess.Popen(
             argv,

@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers.jobs import weight_files_written
+from helpers.jobs import share_model_records, weight_files_written
 from helpers.models import tensor_bytes
 
 from ray_stream_llm.commands.shard import mount_type, shard_model
@@ -46,9 +46,12 @@ def _shm_entries() -> set[str]:
     return set(os.listdir("/dev/shm"))
 
 
-def _run_shard(server: LocalS3Server, work: Path, *args: str) -> tuple[dict, str, float]:
-    """``ray-stream-llm shard ARGS --json`` in an isolated environment under ``work``."""
-    work.mkdir(parents=True, exist_ok=True)
+def _run_shard(
+    server: LocalS3Server, work: Path, records: Path, *args: str
+) -> tuple[dict, str, float]:
+    """``ray-stream-llm shard ARGS --json`` in an isolated environment under ``work``, its
+    HOME with the session's vLLM model-class records (``records``)."""
+    share_model_records(work, records)
     since = time.time()
     argv = [sys.executable, "-m", "ray_stream_llm.cli", "shard", *args, "--json"]
     proc = run_isolated(argv, work, server.env(), timeout=900)
@@ -72,7 +75,7 @@ def _keys(server: LocalS3Server, prefix: str) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def written(s3_server, tiny_models):
+def written(s3_server, tiny_models, vllm_modelinfos):
     """The single-file tiny model, sharded for TP=2 by the command, with what was measured
     around the run."""
     from helpers.s3log import log_barrier
@@ -86,7 +89,14 @@ def written(s3_server, tiny_models):
     start = len(s3_server.served())
     shm_before = _shm_entries()
     result, log, since = _run_shard(
-        s3_server, work, model.uri, "--tensor-parallel-size", "2", "--output", output
+        s3_server,
+        work,
+        vllm_modelinfos,
+        model.uri,
+        "--tensor-parallel-size",
+        "2",
+        "--output",
+        output,
     )
     yield {
         "model": model,
@@ -248,7 +258,7 @@ def test_a_custom_file_pattern_is_followed_as_vllms_loader_follows_it(s3_server,
 
 @pytest.mark.e2e
 @pytest.mark.engine
-def test_shard_again_is_a_no_op(s3_server, written, work):
+def test_shard_again_is_a_no_op(s3_server, written, work, vllm_modelinfos):
     from helpers.s3log import log_barrier
 
     log_barrier(s3_server)
@@ -256,6 +266,7 @@ def test_shard_again_is_a_no_op(s3_server, written, work):
     again, _, _ = _run_shard(
         s3_server,
         work,
+        vllm_modelinfos,
         written["model"].uri,
         "--tensor-parallel-size",
         "2",
@@ -304,7 +315,9 @@ def _as_partial(server: LocalS3Server, prefix: str, drop: tuple[str, ...] = ()) 
 
 @pytest.mark.e2e
 @pytest.mark.engine
-def test_partial_output_is_refused_by_name_and_resumed(s3_server, written, s3_env, work):
+def test_partial_output_is_refused_by_name_and_resumed(
+    s3_server, written, s3_env, work, vllm_modelinfos
+):
     from helpers.s3log import log_barrier
 
     prefix = f"tiny/shard-test-{uuid.uuid4().hex[:8]}-resume/"
@@ -318,7 +331,7 @@ def test_partial_output_is_refused_by_name_and_resumed(s3_server, written, s3_en
     with pytest.raises(IncompleteShardedCheckpointError) as info:
         inspect_model(output, tensor_parallel_size=2)
     assert SHARD_PARTIAL_MARKER in str(info.value) and "resume" in str(info.value)
-    resumed, _, _ = _run_shard(s3_server, work / "r1", *args)
+    resumed, _, _ = _run_shard(s3_server, work / "r1", vllm_modelinfos, *args)
     assert resumed["loaded"] is False and resumed["uploaded"] == []
     assert inspect_model(output, tensor_parallel_size=2).streamable
 
@@ -329,7 +342,7 @@ def test_partial_output_is_refused_by_name_and_resumed(s3_server, written, s3_en
         inspect_model(output, tensor_parallel_size=2)
     log_barrier(s3_server)
     start = len(s3_server.served())
-    resumed, _, _ = _run_shard(s3_server, work / "r2", *args)
+    resumed, _, _ = _run_shard(s3_server, work / "r2", vllm_modelinfos, *args)
     assert resumed["loaded"] is True and resumed["uploaded"] == [RANK_FILES[1]]
     puts = [
         r.key[len(prefix) :]
@@ -384,14 +397,16 @@ def test_shard_refuses_bad_outputs_before_writing(s3_server, tiny_models, writte
 
 @pytest.mark.e2e
 @pytest.mark.engine
-def test_tp2_jobs_side_by_side_each_rank_reads_its_own_files(s3_server, written, work):
+def test_tp2_jobs_side_by_side_each_rank_reads_its_own_files(
+    s3_server, written, work, vllm_modelinfos
+):
     """The same TP=2 job through Ray Data twice: runai_streamer over the plain checkpoint
     (each rank reads every object: 2.0x the model) and runai_streamer_sharded over the
     written one (each rank reads its own file, once: 1.0x). Bytes from the byte proxy,
     objects from the server's access log, ranks from the load reports."""
     from helpers.s3log import log_barrier
 
-    from ray_stream_llm.tools.shard_bench import side_by_side, summary
+    from ray_stream_llm.tools.shard_bench import FORMATS, side_by_side, summary
 
     model = written["model"]
     source_prefix = model.uri[len(f"s3://{BUCKET}/") :]
@@ -400,6 +415,8 @@ def test_tp2_jobs_side_by_side_each_rank_reads_its_own_files(s3_server, written,
     rank_sizes = {f["path"]: f["size"] for f in written["result"]["files"]}
     log_barrier(s3_server)
     start = len(s3_server.served())
+    for load_format in FORMATS:  # the jobs' HOMEs: work/jobs/<format>/home
+        share_model_records(work / "jobs" / load_format, vllm_modelinfos)
     result = side_by_side(
         model.uri,
         written["output"],
@@ -475,20 +492,29 @@ def test_a_tp_size_the_model_cannot_take_is_a_typed_error(s3_server, tiny_models
 @pytest.mark.e2e
 @pytest.mark.engine
 @pytest.mark.slow  # about 8 minutes: make test-slow
-def test_smollm2_at_tp3_side_by_side(s3_server, smollm2, work, s3_env):
+def test_smollm2_at_tp3_side_by_side(s3_server, smollm2, work, s3_env, vllm_modelinfos):
     """The real demo model (SmolLM2-135M: 9 attention heads, 3 KV heads, so TP=2 is not
     possible on any device; TP=3 is the closest): sharded by the command, then the same
     TP=3 job with both formats. The store serves 3.0x the model to runai_streamer and
     1.0x to runai_streamer_sharded, each rank its own file once; the answers agree."""
-    from ray_stream_llm.tools.shard_bench import side_by_side, summary
+    from ray_stream_llm.tools.shard_bench import FORMATS, side_by_side, summary
 
     output = f"s3://{BUCKET}/smollm2-tp3-{uuid.uuid4().hex[:8]}/"
     result, _, _ = _run_shard(
-        s3_server, work / "shard", smollm2.uri, "--tensor-parallel-size", "3", "--output", output
+        s3_server,
+        work / "shard",
+        vllm_modelinfos,
+        smollm2.uri,
+        "--tensor-parallel-size",
+        "3",
+        "--output",
+        output,
     )
     assert sorted(f["rank"] for f in result["files"]) == [0, 1, 2]
     assert inspect_model(output, tensor_parallel_size=3).streamable
     source = {k: v for k, v in _keys(s3_server, "smollm2/").items() if k.endswith(".safetensors")}
+    for load_format in FORMATS:  # the jobs' HOMEs: work/jobs/<format>/home
+        share_model_records(work / "jobs" / load_format, vllm_modelinfos)
     jobs = side_by_side(
         smollm2.uri,
         output,

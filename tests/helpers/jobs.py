@@ -18,6 +18,17 @@ from ray_stream_llm.tools.localstore import LocalS3Server
 
 DRIVER = Path(__file__).with_name("e2e_driver.py")
 
+
+def share_model_records(work: Path, records: Path) -> None:
+    """``work/home`` (a job's fresh HOME) gets vLLM's model-class records ``records``
+    (conftest's ``vllm_modelinfos``, shared by the session's jobs), as a job on a node
+    where vLLM ran before has them: its engines skip the 7.6 s (CPU) inspection subprocess."""
+    cache = work / "home" / ".cache" / "vllm"
+    cache.mkdir(parents=True, exist_ok=True)
+    if not (cache / "modelinfos").is_symlink():
+        (cache / "modelinfos").symlink_to(records, target_is_directory=True)
+
+
 # the session's one job on the sharded tiny model (tests/conftest.py: sharded_job)
 SHARDED_QUESTIONS = [
     "What is 2+2?",
