@@ -1,6 +1,7 @@
 """The console script's engine jobs, as a user types them, against the real S3 server:
-``run`` on a Parquet file with its progress shown, and ``bench`` (make test-slow). The
-commands that start no engine: tests/integration/test_cli.py."""
+``run`` on a Parquet file with its progress shown (of a mirror of a Hub repository: only
+its safetensors streamed, nothing of it written to disk), and ``bench`` (make
+test-slow). The commands that start no engine: tests/integration/test_cli.py."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from pathlib import Path
 import pytest
 from helpers.cli import run_cli
 from helpers.janitors import segments_left
+from helpers.jobs import reads_under, wait_regions_released, weight_files_written
+from helpers.models import is_weight
 
 pytestmark = [pytest.mark.s3]
 
@@ -95,7 +98,11 @@ def test_run_answers_a_parquet_file_with_its_progress_shown(s3_server, tiny_mode
     """`run --verbose` on a Parquet file, the one engine job of this file: every row of the
     file comes out in answers.parquet with its columns, and the progress is shown: the
     command's own bar (rows), Ray Data's (shown only with --verbose) and Ray's log lines.
-    Quiet, its default, shows neither of Ray's: tests/e2e/test_readme.py."""
+    Quiet, its default, shows neither of Ray's: tests/e2e/test_readme.py. The model is a
+    mirror of a Hub repository (the tiny model's safetensors beside its .bin, .pth, .gguf
+    and more): the store served its safetensors alone, no weight file of any format was
+    written to local disk, and the job's metadata directory holds exactly the model's
+    metadata files."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -107,8 +114,9 @@ def test_run_answers_a_parquet_file_with_its_progress_shown(s3_server, tiny_mode
         path,
     )
     expected = sorted((r["id"], r["question"]) for r in pq.read_table(path).to_pylist())
-    since = time.time()
-    args = ["run", tiny_models["single"].uri, str(path), "--column", "question", "--verbose"]
+    model = tiny_models["hub-mirror"]
+    since, before = time.time(), s3_server.served()
+    args = ["run", model.uri, str(path), "--column", "question", "--verbose"]
     proc = run_cli(
         [*args, "--output", str(work / "out"), "--max-tokens", "4"],
         {**isolated_env(work), **s3_server.env()},
@@ -126,4 +134,15 @@ def test_run_answers_a_parquet_file_with_its_progress_shown(s3_server, tiny_mode
     assert "Running Dataset:" in output, output[-3000:]  # Ray Data's progress
     assert "Started a local Ray instance" in output, output[-3000:]
     assert segments_left(since) == []  # the engine's shared memory was released
+    # the mirror: its safetensors streamed, no weight file of any format on local disk, and
+    # the metadata the engine read beside them fetched whole
+    reads = reads_under(s3_server, model.uri, before)
+    weight_reads = {u.removeprefix(model.uri) for u in reads if is_weight(u.rsplit("/", 1)[1])}
+    assert weight_reads == {"model.safetensors"}, weight_reads
+    wait_regions_released(since)
+    written = weight_files_written([work, Path("/dev/shm"), Path("/tmp")], since)
+    assert written == {}, written
+    [metadata] = [p for p in (work / "home/.cache/ray_stream_llm/models").iterdir() if p.is_dir()]
+    got = {str(p.relative_to(metadata)) for p in metadata.rglob("*") if p.is_file()}
+    assert got - {".ray_stream_llm.json"} == set(model.metadata), got
     print(f"\nrun --verbose, Parquet: 3/3 rows, {tokens} tokens, {len(output.splitlines())} lines")

@@ -101,26 +101,6 @@ def test_streamed_smollm2_answers_with_no_weights_on_disk(s3_server, smollm2, wo
     )
 
 
-def test_streamed_hub_mirror_writes_no_bin_pth_gguf(s3_server, tiny_models, work):
-    model = tiny_models["hub-mirror"]
-    before = s3_server.served()
-    out, written, _ = run_isolated(
-        s3_server, work, model.uri, "runai_streamer", ["hello world", "ray data"], max_tokens=4
-    )
-    assert len(out["rows"]) == 2 and all(r["num_generated_tokens"] == 4 for r in out["rows"])
-    assert written == {}, written
-    assert out["shm_left"] == []
-    reads = reads_under(s3_server, model.uri, before)
-    weight_reads = {u.removeprefix(model.uri) for u in reads if is_weight(u.rsplit("/", 1)[1])}
-    assert weight_reads == {"model.safetensors"}, weight_reads
-    metadata_dirs = [
-        p for p in (work / "home" / ".cache" / "ray_stream_llm" / "models").iterdir() if p.is_dir()
-    ]
-    assert len(metadata_dirs) == 1
-    got = {str(p.relative_to(metadata_dirs[0])) for p in metadata_dirs[0].rglob("*") if p.is_file()}
-    assert got - {".ray_stream_llm.json"} == set(model.metadata)
-
-
 def test_rays_own_loader_downloads_every_weight_file_into_the_jobs_home(
     s3_server, tiny_models, work
 ):
