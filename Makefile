@@ -173,13 +173,14 @@ test-slow: setup
 # contract). Each runs from build/on-wheel: Ray's workers put the driver's working
 # directory first on their path, where the repository root would shadow the installed wheel
 # with the checkout (--on-wheel fails a run that imports the checkout).
-T := $(CURDIR)/tests
-ON_WHEEL = mkdir -p build/on-wheel && cd build/on-wheel &&
 # The in-process streams from the store come first. Twice in CI the Ray 2.54.1 run crashed
 # (SIGSEGV) after its summary, past Python's finalization (the fault handler, on, printed
 # nothing; 0 in ~15 runs here). What set that run apart: its last test streamed from the store
 # in-process (the streamer's native S3 client) seconds before the session stopped the store
 # and the process exited; in the other runs that stream is minutes behind, and none crashed.
+# Each run goes through tests/native_stack.sh: a crash prints every thread's native stack.
+T := $(CURDIR)/tests
+ON_WHEEL = mkdir -p build/on-wheel && cd build/on-wheel && $(T)/native_stack.sh
 CONTRACT := $(T)/unit/integrations/vllm/test_loader.py $(T)/integration/test_loader_report.py \
 	$(T)/integration/test_compat.py $(T)/unit/project/test_pure.py $(T)/unit/test_reports.py --on-wheel
 SAME_VLLM := --deselect tests/integration/test_compat.py::test_the_kv_cache_bound_counts_a_token_as_vllm_does

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Run COMMAND (a pytest run) in the current directory with core dumps on; when it dies of a
+# signal that dumps core (SIGSEGV, SIGABRT, SIGBUS, SIGILL, SIGFPE), print every thread's
+# native stack from the core (gdb), remove the core, and exit with COMMAND's status.
+#
+#   tests/native_stack.sh COMMAND...
+#
+# Why: twice in CI a Ray 2.54.1 contract run died of SIGSEGV after its summary, past
+# Python's finalization, where the fault handler (PYTHONFAULTHANDLER=1) prints nothing: what
+# crashed is only in native code. The kernel writes the core as ./core (core_pattern "core",
+# the process's working directory), so COMMAND's processes must not leave one of their own
+# there: a core found here before COMMAND runs is refused, never overwritten or removed.
+set -uo pipefail
+
+if [ -e core ]; then
+    echo "native_stack: $(pwd)/core exists already; remove it or run elsewhere" >&2
+    exit 2
+fi
+ulimit -c unlimited
+"$@"
+status=$?
+if [ -f core ]; then
+    echo "native_stack: a process of '$*' dumped core (exit status $status); its threads:" >&2
+    program=$(file -b core | sed -n "s/.*execfn: '\([^']*\)'.*/\1/p")
+    if command -v gdb >/dev/null && [ -n "$program" ]; then
+        gdb -q -batch -ex "info threads" -ex "thread apply all bt 40" "$program" core 2>&1 \
+            | grep -v "^\[New LWP\|^warning:" | tail -400 >&2
+    else
+        echo "native_stack: no gdb here, or the core names no program; $(file -b core)" >&2
+    fi
+    rm -f core
+fi
+exit "$status"
