@@ -66,6 +66,17 @@ def _requests(server: LocalS3Server, start: int, prefix: str) -> list:
     return [r for r in server.served()[start:] if r.bucket == BUCKET and r.key.startswith(prefix)]
 
 
+def _side_by_side_dir(work: Path, records: Path) -> Path:
+    """The directory for shard_bench.side_by_side's two jobs, each job's HOME (its
+    ``<format>/home``) with the session's vLLM model-class records (``records``)."""
+    from ray_stream_llm.tools.shard_bench import FORMATS
+
+    jobs = work / "jobs"
+    for load_format in FORMATS:
+        share_model_records(jobs / load_format, records)
+    return jobs
+
+
 def _keys(server: LocalS3Server, prefix: str) -> dict[str, int]:
     client = server.client()
     pages = client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
@@ -406,7 +417,7 @@ def test_tp2_jobs_side_by_side_each_rank_reads_its_own_files(
     objects from the server's access log, ranks from the load reports."""
     from helpers.s3log import log_barrier
 
-    from ray_stream_llm.tools.shard_bench import FORMATS, side_by_side, summary
+    from ray_stream_llm.tools.shard_bench import side_by_side, summary
 
     model = written["model"]
     source_prefix = model.uri[len(f"s3://{BUCKET}/") :]
@@ -415,13 +426,11 @@ def test_tp2_jobs_side_by_side_each_rank_reads_its_own_files(
     rank_sizes = {f["path"]: f["size"] for f in written["result"]["files"]}
     log_barrier(s3_server)
     start = len(s3_server.served())
-    for load_format in FORMATS:  # the jobs' HOMEs: work/jobs/<format>/home
-        share_model_records(work / "jobs" / load_format, vllm_modelinfos)
     result = side_by_side(
         model.uri,
         written["output"],
         2,
-        work / "jobs",
+        _side_by_side_dir(work, vllm_modelinfos),
         env=s3_server.env(),
         engine_kwargs={"kv_cache_memory_bytes": 512 << 20},
         num_cpus=4,
@@ -497,7 +506,7 @@ def test_smollm2_at_tp3_side_by_side(s3_server, smollm2, work, s3_env, vllm_mode
     possible on any device; TP=3 is the closest): sharded by the command, then the same
     TP=3 job with both formats. The store serves 3.0x the model to runai_streamer and
     1.0x to runai_streamer_sharded, each rank its own file once; the answers agree."""
-    from ray_stream_llm.tools.shard_bench import FORMATS, side_by_side, summary
+    from ray_stream_llm.tools.shard_bench import side_by_side, summary
 
     output = f"s3://{BUCKET}/smollm2-tp3-{uuid.uuid4().hex[:8]}/"
     result, _, _ = _run_shard(
@@ -513,13 +522,11 @@ def test_smollm2_at_tp3_side_by_side(s3_server, smollm2, work, s3_env, vllm_mode
     assert sorted(f["rank"] for f in result["files"]) == [0, 1, 2]
     assert inspect_model(output, tensor_parallel_size=3).streamable
     source = {k: v for k, v in _keys(s3_server, "smollm2/").items() if k.endswith(".safetensors")}
-    for load_format in FORMATS:  # the jobs' HOMEs: work/jobs/<format>/home
-        share_model_records(work / "jobs" / load_format, vllm_modelinfos)
     jobs = side_by_side(
         smollm2.uri,
         output,
         3,
-        work / "jobs",
+        _side_by_side_dir(work, vllm_modelinfos),
         env=s3_server.env(),
         engine_kwargs={"kv_cache_memory_bytes": 256 << 20},
         num_cpus=5,
