@@ -178,7 +178,8 @@ test-slow: setup
 # nothing; 0 in ~15 runs here). What set that run apart: its last test streamed from the store
 # in-process (the streamer's native S3 client) seconds before the session stopped the store
 # and the process exited; in the other runs that stream is minutes behind, and none crashed.
-# Each run goes through tests/native_stack.sh: a crash prints every thread's native stack.
+# Each run goes through tests/native_stack.sh: a crash of pytest at its exit prints every
+# thread's native stack (its engines, workers and Ray's processes never dump core).
 T := $(CURDIR)/tests
 ON_WHEEL = mkdir -p build/on-wheel && cd build/on-wheel && $(T)/native_stack.sh
 CONTRACT := $(T)/unit/integrations/vllm/test_loader.py $(T)/integration/test_loader_report.py \

@@ -454,6 +454,17 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"ray_stream_llm {ray_stream_llm.__version__} from {ray_stream_llm.__file__}"
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Under tests/native_stack.sh: from here to its exit this process alone may dump core (a
+    crash past Python's finalization, where the fault handler prints nothing); the processes
+    it started, all gone by now, never could."""
+    if os.environ.get("RSL_TEST_CORE_AT_EXIT") == "1":
+        import resource
+
+        _soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+        resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "vllm_wheel: reads the vLLM wheel given by --vllm-wheel-dir (else deselected)"

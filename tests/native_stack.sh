@@ -8,16 +8,22 @@
 # Why: twice in CI a Ray 2.54.1 contract run died of SIGSEGV after its summary, past
 # Python's finalization, where the fault handler (PYTHONFAULTHANDLER=1) prints nothing: what
 # crashed is only in native code. The kernel writes the core as ./core (core_pattern "core",
-# the process's working directory), so COMMAND's processes must not leave one of their own
-# there: a core found here before COMMAND runs is refused, never overwritten or removed.
+# the process's working directory): a core found here before COMMAND runs is refused, never
+# overwritten or removed.
+#
+# Only COMMAND's own process may dump, and only from its end on: every process the run
+# starts (Ray's, vLLM's engines and workers) keeps a core limit of 0, since one killed at a
+# job's teardown would otherwise write GiBs into its own working directory and hold its
+# shared memory while it does. pytest raises its own limit at pytest_unconfigure
+# (tests/conftest.py, RSL_TEST_CORE_AT_EXIT), after its Ray clusters and jobs are gone.
 set -uo pipefail
 
 if [ -e core ]; then
     echo "native_stack: $(pwd)/core exists already; remove it or run elsewhere" >&2
     exit 2
 fi
-ulimit -c unlimited
-"$@"
+ulimit -S -c 0
+RSL_TEST_CORE_AT_EXIT=1 "$@"
 status=$?
 if [ -f core ]; then
     echo "native_stack: a process of '$*' dumped core (exit status $status); its threads:" >&2
