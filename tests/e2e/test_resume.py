@@ -142,9 +142,12 @@ def spec_for(
     }
 
 
-def kill_at_first_output(proc: subprocess.Popen, output: Path) -> dict[str, list[int]]:
-    """SIGKILL the job's driver once its first output file reads whole (its Ray goes with
-    its session); the ids of each file written whole before the kill."""
+def kill_at_first_output(
+    proc: subprocess.Popen, run_dir: Path, output: Path
+) -> dict[str, list[int]]:
+    """SIGKILL the job's driver (started by :func:`start_job` in ``run_dir``) once its first
+    output file reads whole (its Ray goes with its session); the ids of each file written
+    whole before the kill."""
     try:
         # a file that reads whole (its footer written): a file that only appeared may still
         # be being written, and the kill would leave it truncated (seen once in a clean clone)
@@ -153,7 +156,12 @@ def kill_at_first_output(proc: subprocess.Popen, output: Path) -> dict[str, list
             600,
             "no whole output file from the first run",
         )
-        assert proc.poll() is None, "the first run ended before it could be killed"
+        if proc.poll() is not None:  # the job's own log says why (CI shows the message)
+            tail = (run_dir / "job.log").read_text("utf-8", "replace")[-6000:]
+            pytest.fail(
+                f"the first run ended (exit {proc.returncode}) before it could be "
+                f"killed; its log ends:\n{tail}"
+            )
         os.kill(proc.pid, signal.SIGKILL)  # the driver only: its Ray goes with its session
         proc.wait()
     finally:
@@ -201,7 +209,7 @@ def test_a_killed_job_resumes_warm_on_two_cpus_and_writes_every_id_once(
         s3_server.env(),
         vllm_modelinfos,
     )
-    first_files = kill_at_first_output(first, work / "output")
+    first_files = kill_at_first_output(first, work / "first", work / "output")
     first_gets = weight_gets(first_log, model)
     assert first_gets, "the first run read the weights from the store"
     # the killed job's engine died with it: its region's reaper (a process of its own
