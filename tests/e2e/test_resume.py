@@ -110,15 +110,20 @@ def start_job(
     )
 
 
+def _log_tail(run_dir: Path) -> str:
+    """The last 6,000 characters of the job's log (:func:`start_job` writes it)."""
+    return (run_dir / "job.log").read_text("utf-8", "replace")[-6000:]
+
+
 def finish(proc: subprocess.Popen, run_dir: Path, timeout: float) -> None:
     try:
         rc = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        tail = (run_dir / "job.log").read_text("utf-8", "replace")[-6000:]
+        tail = _log_tail(run_dir)
         pytest.fail(f"the job did not finish within {timeout:.0f} s; its log ends:\n{tail}")
-    assert rc == 0, (run_dir / "job.log").read_text("utf-8", "replace")[-6000:]
+    assert rc == 0, _log_tail(run_dir)
 
 
 def spec_for(
@@ -157,7 +162,7 @@ def kill_at_first_output(
             "no whole output file from the first run",
         )
         if proc.poll() is not None:  # the job's own log says why (CI shows the message)
-            tail = (run_dir / "job.log").read_text("utf-8", "replace")[-6000:]
+            tail = _log_tail(run_dir)
             pytest.fail(
                 f"the first run ended (exit {proc.returncode}) before it could be "
                 f"killed; its log ends:\n{tail}"
