@@ -274,7 +274,7 @@ def nothing_left_behind() -> Iterator[None]:
     the tests' temporary directories (which pytest keeps under /tmp/pytest-of-<user>/)."""
     yield
     timeout = 120.0
-    # detached: the engines' janitors and the regions' reapers outlive the last job
+    # detached: the regions' reapers outlive the last job
     running = wait_for_detached(SESSION_START, timeout)
     leftovers = {p for p in _new_entries(Path("/dev/shm"), SESSION_START, 1) if "psm_" in p}
     # multiprocessing's own temp dir of this (pytest) process: removed when it exits

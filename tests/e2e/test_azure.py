@@ -47,7 +47,7 @@ def test_ray_data_job_streams_from_az_with_settings_only_in_config(
     )
     assert len(out["rows"]) == 2 and all(r["num_generated_tokens"] == 4 for r in out["rows"])
     assert written == {}  # no weight file of any format on local disk
-    assert out["shm_left"] == [], out["janitors"]
+    assert out["shm_left"] == [], out["agent_logs"]
     reads = azurite.reads()[before:]
     weight_reads = [r for r in reads if is_weight(r.uri.rsplit("/", 1)[1])]
     # every weight object read is one of the model's shards (not the hub-mirror's weights

@@ -79,7 +79,7 @@ def test_engines_fed_from_the_store_a_region_and_a_peer_hold_the_same_bytes(
         for r in run["rows"]
     ), out["runs"]
     assert written == {}, written
-    assert out["shm_left"] == [], out["janitors"]
+    assert out["shm_left"] == [], out["agent_logs"]
     reads = reads_under(s3_server, model.uri, before)
     assert {u.removeprefix(model.uri) for u in reads if is_weight(u)} == set(model.weights)
     # the store-streamed engine's report: the store's object sizes, the streamer's tensors

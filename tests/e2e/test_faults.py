@@ -96,7 +96,7 @@ def test_store_drops_mid_pull_and_returns_within_the_budget(s3_server, tiny_mode
     assert sorted(r["question"] for r in rows) == sorted(QUESTIONS)
     assert all(r["answer"].strip() for r in rows)
     assert [r["weight_sharing"] for r in out["load_reports"]] == ["node"], out["load_reports"]
-    assert written == {} and out["shm_left"] == [], out["janitors"]
+    assert written == {} and out["shm_left"] == [], out["agent_logs"]
     log = (work / "job.log").read_text()
     assert "The object store did not answer" in log  # the library waited, and said so
     assert "failed to start while loading its weights" not in log  # the pull did not fail
@@ -138,7 +138,7 @@ def test_store_stays_away_fails_with_the_cause(s3_server, tiny_models, work):
     assert "failed to load its weights 2 time(s)" in out["error"]["message"]
     assert "cannot reach the object store" in out["error"]["message"]
     assert not (work / "out.json").exists()  # no partial output passed off as complete
-    assert written == {} and out["shm_left"] == [], out["janitors"]
+    assert written == {} and out["shm_left"] == [], out["agent_logs"]
     print(f"\nstore cut at {cut_after:.1f}s, job failed at {seconds:.1f}s")
 
 
@@ -179,7 +179,7 @@ def test_store_left_down_mid_pull_fails_within_the_budget_naming_it(s3_server, t
     assert endpoint in error["message"] and f"store's budget of {budget:g}s" in error["message"]
     assert "failed to start while loading its weights" not in out["log"]  # not retried
     assert not (work / "out.json").exists()
-    assert written == {} and out["shm_left"] == [], out["janitors"]
+    assert written == {} and out["shm_left"] == [], out["agent_logs"]
     print(
         f"\nstore cut at {cut_after:.1f}s (pull's files before it {before}), job failed "
         f"{failed_after:.1f}s after the cut ({seconds:.1f}s in all), budget {budget:g}s: "

@@ -84,5 +84,5 @@ def test_engine_serves_the_adapter_from_the_same_store(s3_server, tiny_models, w
     def adapter_files() -> list[str]:
         return [p for p in weight_files_written([work, Path("/tmp")], start) if "adapter" in p]
 
-    # the engine's directory is removed by its janitor once the engine's processes are gone
+    # the engine's directory is removed by the node's agent once the engine's processes are gone
     wait_until(lambda: not adapter_files(), 60, lambda: f"adapter files left: {adapter_files()}")

@@ -150,6 +150,6 @@ def test_a_job_on_three_nodes_reads_the_store_once_and_survives_a_dead_peer(
     assert sorted(r["pull_source"].split()[0] for r in reports) == ["peer", "peer", "store"]
     # nothing left: regions (run_isolated waited for their reapers), peer actors, segments
     assert written == {} and out["peer_actors_left"] == [] and out["shm_left"] == [], out[
-        "janitors"
+        "agent_logs"
     ]
     print(f"three nodes, a dead peer: {seconds:.1f}s, {link.bytes_down} bytes through the link")

@@ -45,7 +45,7 @@ def test_streamed_smollm2_answers_with_no_weights_on_disk(s3_server, smollm2, wo
     assert "4" in answers["What is 2+2?"], answers
     # no weight file of any format appeared on local disk, no shared memory left behind
     assert written == {}, written
-    assert out["shm_left"] == [], out["janitors"]
+    assert out["shm_left"] == [], out["agent_logs"]
     # the store's own access log: the safetensors object was read, no other weight object
     reads = reads_under(s3_server, smollm2.uri, before)
     assert f"{smollm2.uri}model.safetensors" in reads
@@ -126,4 +126,4 @@ def test_rays_own_loader_downloads_every_weight_file_into_the_jobs_home(
     assert {u.removeprefix(model.uri) for u in reads if is_weight(u)} == set(model.weights)
     [report] = out["load_reports"]
     assert report["streamed"] is False and report["model"] == model.uri
-    assert out["shm_left"] == [], out["janitors"]
+    assert out["shm_left"] == [], out["agent_logs"]

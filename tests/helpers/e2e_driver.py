@@ -150,18 +150,17 @@ def main() -> None:
 
 
 def _peer_actors_after_the_job(timeout: float = 120.0) -> list:
-    """The peers' actors (weights/peers.py) still alive ``timeout`` s after the job: they
-    end themselves once the nodes' regions are gone, which is after the engines' processes
-    have exited and the regions' reapers have seen it (the budget is the one the tests give
-    the detached processes, helpers/janitors.py: CI's run of stop 38 saw two actors still
-    alive 30 s after a three-node job on its two loaded cores)."""
+    """The peers' actors (weights/peers.py; not the node agents) still alive ``timeout`` s
+    after the job: they end themselves once the nodes' regions are gone, which is after the
+    engines' processes have exited and the regions' reapers have seen it (CI's run of stop
+    38 saw two actors still alive 30 s after a three-node job on its two loaded cores)."""
     import ray
 
     def left() -> list:
         return [
             a["name"]
             for a in ray.util.list_named_actors(all_namespaces=True)
-            if a["namespace"] == "ray_stream_llm"
+            if a["namespace"] == "ray_stream_llm" and not a["name"].startswith("rsl-agent-")
         ]
 
     try:

@@ -1,5 +1,5 @@
-"""The engines' janitors (ray_stream_llm.integrations.vllm.shm) and the regions' reapers
-(ray_stream_llm.weights.region), the library's detached processes, seen from the tests."""
+"""The node agents (ray_stream_llm.integrations.ray.agent: they clean up after the engines) and the
+regions' reapers (ray_stream_llm.weights.region, detached processes), seen from the tests."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from pathlib import Path
 import psutil
 
 from helpers.waiting import wait_until
-from ray_stream_llm.integrations.vllm import shm as shm_module
 from ray_stream_llm.integrations.vllm.shm import orphaned_segments, remove_orphaned_segments
 
 REAPER_MODULE = "ray_stream_llm.weights.region"
@@ -32,58 +31,52 @@ def reapers(region: Path | str | None = None) -> list[psutil.Process]:
     return found
 
 
-def _detached(since: float, reapers: bool) -> list[str]:
-    """The janitors (and with ``reapers``, the regions' reapers) started since ``since`` that
-    still run though what they wait for is gone: a janitor whose engine (its first argument)
-    has exited, a reaper whose region (its last) no longer exists. Both end within a second
-    or two of that, whatever else runs; one watching a live engine or an existing region
-    belongs to a job still running (on a shared machine, maybe not this run's, and never
-    this run's once its jobs are done: a leaked engine or region is a leftover of its own).
-    ``"pid: command line"`` each."""
-    janitor = os.path.abspath(shm_module.__file__)
+def agents() -> list[psutil.Process]:
+    """The node agents running now (Ray actors: ``ray::NodeAgent`` in their command line)."""
+    return [
+        proc
+        for proc in psutil.process_iter(["cmdline"])
+        if "ray::NodeAgent" in " ".join(proc.info["cmdline"] or [])
+    ]
+
+
+def _reapers_waiting_on_nothing(since: float) -> list[str]:
+    """The regions' reapers started since ``since`` whose region (their last argument) no
+    longer exists: they end within a second or two of that, whatever else runs; one watching
+    an existing region belongs to a job still running (on a shared machine, maybe not this
+    run's, and never this run's once its jobs are done: a leaked region is a leftover of its
+    own). ``"pid: command line"`` each."""
     found = []
     for proc in psutil.process_iter(["cmdline", "create_time", "status"]):
         cmdline = proc.info["cmdline"] or []
         if (proc.info["create_time"] or 0) < since or proc.info["status"] == "zombie":
             continue
-        if cmdline[1:2] == [janitor] and len(cmdline) > 2:
-            waits_on_nothing = not psutil.pid_exists(int(cmdline[2]))
-        elif reapers and cmdline[1:4] == ["-m", REAPER_MODULE, "reap"] and len(cmdline) > 4:
-            waits_on_nothing = not os.path.exists(cmdline[4])
-        else:
-            continue
-        if waits_on_nothing:
+        reaper = cmdline[1:4] == ["-m", REAPER_MODULE, "reap"] and len(cmdline) > 4
+        if reaper and not os.path.exists(cmdline[4]):
             found.append(f"{proc.pid}: {' '.join(cmdline)}")
     return found
 
 
-def wait_for_detached(since: float, timeout: float = 120.0, reapers: bool = True) -> list[str]:
-    """Wait until the detached processes started since ``since`` have finished: an engine's
-    janitor outlives the job and removes its shared memory after its last process exits; a
-    region's reaper removes the region once no process holds it (or its warm time is up).
-    What a run left behind is judged once they are done. Returns those still running after
-    ``timeout`` s (``"pid: command line"`` each; none, normally)."""
+def wait_for_detached(since: float, timeout: float = 120.0) -> list[str]:
+    """Wait until the regions' reapers started since ``since`` whose region is gone have
+    finished; what a run left behind is judged once they are done. Returns those still
+    running after ``timeout`` s (``"pid: command line"`` each; none, normally)."""
     try:
-        wait_until(lambda: not _detached(since, reapers), timeout, "detached processes", poll=0.5)
+        wait_until(lambda: not _reapers_waiting_on_nothing(since), timeout, "reapers", poll=0.5)
     except AssertionError:
-        return _detached(since, reapers)
+        return _reapers_waiting_on_nothing(since)
     return []
-
-
-def wait_for_janitors(since: float, timeout: float = 120.0) -> list[str]:
-    """:func:`wait_for_detached` for the engines' janitors only."""
-    return wait_for_detached(since, timeout, reapers=False)
 
 
 def segments_left(start: float) -> list[str]:
     """The ``/dev/shm/psm_*`` segments a run that began at ``start`` left behind: created
-    since then and mapped by no process, looked at again once the run's janitors are done
-    when there are any (a janitor removes its engine's after the engine's last process has
-    exited, which can be after the run returns). Removed either way, so that the machine
-    stays clean; the names are returned for the test to judge."""
+    since then and mapped by no process, looked at again once no node agent runs when there
+    are any (an agent removes an engine's after the engine's last process has exited, which
+    can be after the run returns; with nothing to watch it ends). Removed either way, so
+    that the machine stays clean; the names are returned for the test to judge."""
     left = orphaned_segments(start - 1)
     if left:
-        wait_for_janitors(start)
+        wait_until(lambda: not agents() or not orphaned_segments(start - 1), 120, "the node agents")
         left = orphaned_segments(start - 1)
     remove_orphaned_segments(start - 1, wait=0)
     return [p.name for p in left]

@@ -148,12 +148,12 @@ def run_isolated(
     )
     if (work / "error.json").exists():  # the typed error the driver caught
         out["error"] = json.loads((work / "error.json").read_text())
-    # Our engine UDF's janitor removes the engine's segments: any left is recorded here
-    # (the tests assert none), and removed either way; when any is, with what each janitor
-    # saw and did (its log's last lines), for the assertion's message: CI prints the short
-    # summary
+    # The node's agent (or the driver, after its own Ray's end) removes the engines'
+    # segments: any left is recorded here (the tests assert none), and removed either way;
+    # when any is, with what the agent saw and did about each engine (its log's last lines),
+    # for the assertion's message: CI prints the short summary
     out["shm_left"] = segments_left(start)
-    out["janitors"] = (
+    out["agent_logs"] = (
         {
             log.name: log.read_text(errors="replace").splitlines()[-8:]
             for log in sorted((work / "ray").rglob("rsl-janitor-*.log"))

@@ -22,6 +22,7 @@ import ray
 
 from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig, streaming_load_format
 from ray_stream_llm.errors import InvalidSettingError, UnsupportedRayError
+from ray_stream_llm.integrations.ray.agent import finish_at_exit_of_this_process
 from ray_stream_llm.integrations.ray.compat import (
     HAS_PLACEMENT_GROUP_CONFIG,
     MODEL_FREE_UDFS,
@@ -405,6 +406,8 @@ def build_streaming_processor(
     :func:`ray_stream_llm.integrations.ray.registry._build` once it checked the Ray version
     and the config, derived the store's ``settings`` and, for a streamed model, ran the
     preflight (``driver_dir``: the metadata it fetched and checked)."""
+    # what the engines' processes leave when this driver's own Ray ends is cleaned after it
+    finish_at_exit_of_this_process()
     secrets = {name: settings.env[name] for name in settings.secret_env}
     secret_env = SecretEnv(secrets) if secrets else None
     if not config.streams_from_object_store:

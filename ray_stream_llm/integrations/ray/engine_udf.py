@@ -25,6 +25,7 @@ from ray_stream_llm.errors import (
     WeightLoadError,
 )
 from ray_stream_llm.fetch import FetchReport, fetch_metadata_report
+from ray_stream_llm.integrations.ray.agent import watch_engine
 from ray_stream_llm.integrations.ray.engine_stage import engine_stage_shims, vLLMEngineStageUDF
 from ray_stream_llm.integrations.ray.progress import progress_enabled
 from ray_stream_llm.integrations.ray.telemetry import job_id, node_ip, publish, store_failure
@@ -34,9 +35,9 @@ from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV, colle
 from ray_stream_llm.integrations.vllm.loader import streamer_settings
 from ray_stream_llm.integrations.vllm.plugin import require_plugin
 from ray_stream_llm.integrations.vllm.shm import (
+    janitor_log,
     remove_orphaned_segments,
     segments_of,
-    spawn_janitor,
 )
 from ray_stream_llm.integrations.vllm.stream_watch import StreamWatcher, from_streamer, root_cause
 from ray_stream_llm.lora import fetch_adapter
@@ -73,8 +74,11 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         rpc_base = os.environ.get("VLLM_RPC_BASE_PATH") or tempfile.gettempdir()
         self._rpc_dir = tempfile.mkdtemp(prefix="rsl-rpc-", dir=rpc_base)
         os.environ["VLLM_RPC_BASE_PATH"] = self._rpc_dir
-        # vLLM's shared memory and that directory are removed however the actor ends
-        spawn_janitor(os.getpid(), self._started, self._rpc_dir)
+        # vLLM's shared memory and that directory are removed however the actor ends: by
+        # the node's agent, made (if it must be) while the engine starts
+        watched = watch_engine(
+            os.getpid(), self._started, [self._rpc_dir], janitor_log(os.getpid())
+        )
         begin = time.perf_counter()
         uri_text = model  # what the report names: the URI when streamed, else Ray's model
         fetched: FetchReport | None = None
@@ -185,6 +189,7 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
             lora_path = kwargs.get("dynamic_lora_loading_path")
             if plan is not None and lora_path:
                 self._serve_adapters(lora_path, plan.model)
+            watched.confirm()  # the node's agent watches this actor
             return
 
     def _serve_adapters(self, lora_path: str, base: str) -> None:
@@ -194,7 +199,7 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         ``ObjectStoreConfig``), into this engine's own directory (removed with it). A row
         whose ``model`` is the model's URI, or that has none, is the base model."""
         wrapper = self.llm
-        root = os.path.join(self._rpc_dir, "lora")  # the janitor removes it however we end
+        root = os.path.join(self._rpc_dir, "lora")  # the node's agent removes it however we end
         os.makedirs(root, exist_ok=True)
         lock = asyncio.Lock()
         loaded: dict[str, Any] = {}
@@ -234,7 +239,7 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
                 llm.shutdown()
             except Exception:  # already dead: nothing more to release
                 logger.debug("engine shutdown after a failed start raised", exc_info=True)
-        # the engine's processes are gone: what they mapped is the janitor's to remove,
+        # the engine's processes are gone: what they mapped is the node agent's to remove,
         # once this actor exits (it saw them while they lived)
 
     def __del__(self) -> None:

@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -133,26 +134,9 @@ def _newer(path: Path, since: float) -> bool:
         return False
 
 
-def spawn_janitor(pid: int, since: float, *dirs: str) -> None:
-    """A detached process that watches ``pid`` (an engine actor) and records the segments
-    its processes map; once it has exited, however it ended, it removes those of them no
-    process maps any more (never another engine's or program's), and the directories
-    ``dirs`` (the engine's private IPC directory), then exits. An actor that Ray kills at
-    shutdown runs no ``__del__``; the janitor still cleans up after it. What it saw and did
-    goes to ``rsl-janitor-<pid>.log`` beside the actor's own log in Ray's session
-    (:func:`janitor_log`)."""
-    import sys
-
-    from ray_stream_llm.detached import detach
-
-    # run as a script, not ``-m``: the package's __init__ imports Ray (about 250 MB and
-    # seconds of CPU in every janitor); this module needs the standard library and psutil
-    argv = [sys.executable, os.path.abspath(__file__), str(pid), repr(since)]
-    detach([*argv, janitor_log(pid) or "-", *dirs])
-
-
 def janitor_log(pid: int) -> str | None:
-    """The janitor's log for the actor ``pid`` (this process): ``rsl-janitor-<pid>.log`` in
+    """Where the node agent logs its watch of the actor ``pid`` (this process), what it saw
+    and did (the janitor's work, :func:`_watch`): ``rsl-janitor-<pid>.log`` in
     the directory of the file this process's stderr goes to (a Ray worker's: its node's
     session logs, removed with them); None where stderr is no file."""
     try:
@@ -193,6 +177,20 @@ def _running(members: dict[int, float]) -> list[Any]:
     return found
 
 
+def _live(pid: int, started: float | None = None) -> bool:
+    """Whether ``pid`` runs (not a zombie: it exited, its parent has only not reaped it;
+    with ``started``, only if it is still the process that started then)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and (
+            started is None or proc.create_time() == started
+        )
+    except psutil.Error:
+        return False
+
+
 def _alive(members: dict[int, float]) -> bool:
     return bool(_running(members))
 
@@ -214,27 +212,62 @@ def _mappers(names: set[str]) -> dict[str, list[int]]:
     return found
 
 
-def _watch(pid: int, since: float, dirs: list[str], poll: float = 0.5, grace: float = 60.0) -> None:
-    """Watch ``pid`` and its descendants; once the actor has exited, wait (up to ``grace``
-    s) for every process of its tree to exit too (vLLM's workers can outlive the actor by
-    seconds on a loaded node, and a segment they map is not an orphan yet; what they map
-    meanwhile is recorded too), then end those still running (an actor killed outright, as
-    Ray's memory monitor kills, leaves vLLM's engine core and workers with nobody to serve,
-    holding the KV cache's memory and the segments: SIGTERM, then SIGKILL), then remove the
-    segments they mapped that no process maps any more (waiting up to 30 s for processes
-    that are exiting to unmap them; what still maps one then is logged)."""
-    import shutil
+Record = Callable[[dict[int, float], set[str]], None]
 
+
+def _watch(
+    pid: int,
+    since: float,
+    dirs: list[str],
+    poll: float = 0.5,
+    grace: float = 60.0,
+    *,
+    log: logging.Logger | logging.LoggerAdapter[Any] = logger,
+    record: Record | None = None,
+) -> None:
+    """Watch ``pid`` (an engine actor) and its descendants; once the actor has exited, clean
+    up after its processes (:func:`clean_after`). ``record(members, seen)`` is called
+    whenever the processes or segments seen grow (the node agent keeps them in a file, for
+    its restarted self)."""
     seen: set[str] = set()
     members: dict[int, float] = {}
-    while Path(f"/proc/{pid}").exists():
+    while _live(pid):
         procs = _processes(pid)  # one walk of the tree per poll serves both
-        seen |= _mapped_by(procs)
+        mapped = _mapped_by(procs)
         if not members:
-            logger.info("watching actor %d: processes %s", pid, [p.pid for p in procs])
-        members |= _started(procs)
+            log.info("watching actor %d: processes %s", pid, [p.pid for p in procs])
+        started = _started(procs)
+        if record is not None and (mapped - seen or started.keys() - members.keys()):
+            record(members | started, seen | mapped)
+        seen |= mapped
+        members |= started
         time.sleep(poll)
-    logger.info("actor %d exited; its processes %s mapped %s", pid, sorted(members), sorted(seen))
+    log.info("actor %d exited; its processes %s mapped %s", pid, sorted(members), sorted(seen))
+    clean_after(members, seen, since, dirs, poll, grace, log=log)
+
+
+def clean_after(
+    members: dict[int, float],
+    seen: set[str],
+    since: float,
+    dirs: list[str],
+    poll: float = 0.5,
+    grace: float = 60.0,
+    *,
+    log: logging.Logger | logging.LoggerAdapter[Any] = logger,
+) -> None:
+    """After an engine actor exited: wait (up to ``grace`` s) for every process of its tree
+    (``members``: pid and start time) to exit too (vLLM's workers can outlive the actor by
+    seconds on a loaded node, and a segment they map is not an orphan yet; what they map
+    meanwhile is added to ``seen``), then end those still running (an actor killed
+    outright, as Ray's memory monitor kills, leaves vLLM's engine core and workers with
+    nobody to serve, holding the KV cache's memory and the segments: SIGTERM, then SIGKILL),
+    then remove the segments of ``seen`` that no process maps any more (waiting up to 30 s
+    for processes that are exiting to unmap them; what still maps one then is logged), and
+    the directories ``dirs``."""
+    import shutil
+
+    seen = set(seen)
     deadline = time.monotonic() + grace
     while _alive(members) and time.monotonic() < deadline:
         seen |= _mapped_by(_running(members))
@@ -242,7 +275,7 @@ def _watch(pid: int, since: float, dirs: list[str], poll: float = 0.5, grace: fl
     for signum, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
         if not _alive(members):
             break
-        logger.info("sending %s to %s", signal.Signals(signum).name, _running(members))
+        log.info("sending %s to %s", signal.Signals(signum).name, _running(members))
         _signal(members, signum)
         deadline = time.monotonic() + wait
         while _alive(members) and time.monotonic() < deadline:
@@ -252,26 +285,11 @@ def _watch(pid: int, since: float, dirs: list[str], poll: float = 0.5, grace: fl
         kept = {name for name in seen if (SHM_DIR / name).exists()}
         mapped = _mappers(kept) if kept else {}
         if mapped:
-            logger.warning("segments still mapped, not removed: %s", mapped)
+            log.warning("segments still mapped, not removed: %s", mapped)
         if unmapped := sorted(kept - mapped.keys()):
-            logger.info(
+            log.info(
                 "segments not removed, older than the engine or unmapped only now: %s", unmapped
             )
     for directory in dirs:
         shutil.rmtree(directory, ignore_errors=True)
-    logger.info("done")
-
-
-if __name__ == "__main__":
-    import sys
-
-    actor, started, log = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-    if log != "-":
-        logging.basicConfig(
-            filename=log, level=logging.INFO, format="%(asctime)s %(process)d %(message)s"
-        )
-    try:
-        _watch(actor, started, sys.argv[4:])
-    except BaseException:
-        logger.exception("the janitor of actor %d failed", actor)
-        raise
+    log.info("done")

@@ -1,0 +1,305 @@
+"""The node agent: one Ray actor per node (named per node, pinned to it, detached,
+``num_cpus=0``) that cleans up after the node's engine actors, however they end.
+
+An engine actor asks it to watch itself (:func:`watch_engine`) when it starts. The agent
+records the actor's processes (vLLM's engine core and workers are its children) and the
+``/dev/shm/psm_*`` segments they map; once the actor has exited (retired, failed, or
+SIGKILLed by Ray's memory monitor), it ends the processes it left running and removes
+those segments and the engine's private directories (``integrations/vllm/shm``). It does
+this as a Ray worker: Ray's own clean-up
+(``RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper``) ends an engine's
+leftovers, and never the agent, which is no worker's child.
+
+What it watches is also kept in a file per engine on the node (:func:`state_dir`, written
+whole), for when the agent ends with its Ray. A local Ray (``ray.init()`` in the driver)
+SIGKILLs the engines, their processes and the agent at once when it shuts down; the
+driver then finishes the agent's work itself, at its exit, after Ray's shutdown
+(:func:`finish_at_exit`, registered by the processor's build): it ends the recorded
+processes still running (pid and start time both match) and removes the recorded
+segments no process maps. A driver that was killed leaves the records to the node's next
+agent, which does the same before anything else. With nothing to watch for ``IDLE_S``
+seconds the agent ends itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ray_stream_llm.files import write_whole
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "ray_stream_llm"
+IDLE_S = 10.0  # an agent with nothing to watch this long ends itself
+
+
+def agent_name(node_id: str) -> str:
+    return f"rsl-agent-{node_id}"
+
+
+def state_dir() -> Path:
+    """This node's records of the engines its agent watches (one small JSON file each), where
+    every agent of the node finds them whatever its environment (``TMPDIR`` differs between
+    jobs): ``/dev/shm``, else the system's temporary directory; per user, since either may
+    be shared."""
+    root = Path("/dev/shm") if os.path.isdir("/dev/shm") else Path(tempfile.gettempdir())
+    return root / f"ray_stream_llm-agent-{os.getuid()}"
+
+
+def _engine_log(path: str | None, pid: int) -> logging.Logger:
+    """The logger of one engine's watch: its own file (``shm.janitor_log``) when it has one
+    and its directory is still there (a recorded engine's Ray session may be gone), else
+    the agent's log."""
+    log = logging.getLogger(f"{__name__}.engine.{pid}")
+    log.setLevel(logging.INFO)
+    if path and not log.handlers and os.path.isdir(os.path.dirname(path)):
+        handler = logging.FileHandler(path)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
+    return log
+
+
+class NodeAgent:
+    """The node's agent (see the module's docstring). Its methods are called by the node's
+    engine actors."""
+
+    def __init__(self, records: str) -> None:
+        self._records = Path(records)
+        self._records.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._watching: dict[int, threading.Thread] = {}
+        self._retiring = False
+        for record in sorted(self._records.glob("*.json")):  # what an earlier agent left
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                state = json.loads(record.read_text())
+                with self._lock:
+                    thread = self._thread(record, state)
+                thread.start()
+        threading.Thread(
+            target=self._retire_when_idle, args=(IDLE_S,), name="retire", daemon=True
+        ).start()
+
+    def watch(self, pid: int, since: float, dirs: list[str], log: str | None) -> bool:
+        """Watch the engine actor ``pid`` of this node until it has exited, then clean up
+        after it. False when this agent is ending (ask the node's next one)."""
+        import psutil
+
+        state = {
+            "pid": pid,
+            "started": psutil.Process(pid).create_time(),
+            "since": since,
+            "dirs": dirs,
+            "log": log,
+            "members": {},
+            "seen": [],
+        }
+        record = self._records / f"{pid}-{state['started']}.json"
+        with self._lock:  # taken, or refused, before retire_when_idle can decide
+            if self._retiring:
+                return False
+            write_whole(record, json.dumps(state))
+            thread = self._thread(record, state)
+        thread.start()
+        return True
+
+    def watching(self) -> list[int]:
+        """The engine actors being watched (or cleaned up after) now."""
+        with self._lock:
+            return sorted(pid for pid, t in self._watching.items() if t.is_alive())
+
+    def _retire_when_idle(self, idle_s: float, poll: float = 0.5) -> None:
+        """End this agent once it has watched nothing for ``idle_s`` seconds. A thread of
+        its own, not a task: a worker that submitted a task waits for its end before it
+        exits, and an engine actor must never wait for its agent."""
+        import ray
+
+        idle_since = time.monotonic()
+        while True:
+            time.sleep(poll)
+            with self._lock:
+                if any(t.is_alive() or t.ident is None for t in self._watching.values()):
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since >= idle_s:
+                    self._retiring = True
+                    break
+        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+
+    def _thread(self, record: Path, state: dict[str, Any]) -> threading.Thread:
+        """The thread that watches (or finishes) the engine of ``state``, registered, not yet
+        started (the caller holds the lock)."""
+        thread = threading.Thread(
+            target=self._run, args=(record, state), name=f"engine-{state['pid']}", daemon=True
+        )
+        self._watching[state["pid"]] = thread
+        return thread
+
+    def _run(self, record: Path, state: dict[str, Any]) -> None:
+
+        from ray_stream_llm.integrations.vllm import shm
+
+        pid, since, dirs = state["pid"], state["since"], state["dirs"]
+        log = _engine_log(state["log"], pid)
+
+        def keep(members: dict[int, float], seen: set[str]) -> None:
+            state["members"] = {str(p): t for p, t in members.items()}
+            state["seen"] = sorted(seen)
+            write_whole(record, json.dumps(state))
+
+        try:
+            members = {int(p): t for p, t in state["members"].items()}
+            if shm._live(pid, state["started"]):  # watched by an agent before this one
+                shm._watch(pid, since, dirs, log=log, record=keep)
+            else:  # it ended while no agent ran: what still runs of it is left over
+                log.info("actor %d ended while no agent ran; its processes %s", pid, members)
+                shm.clean_after(members, set(state["seen"]), since, dirs, grace=0.0, log=log)
+        except Exception:
+            log.exception("cleaning up after actor %d failed", pid)
+            raise
+        finally:
+            record.unlink(missing_ok=True)  # done, or failed and logged: not tried again
+            for handler in list(log.handlers):
+                log.removeHandler(handler)
+                handler.close()
+
+
+def _agent(node_id: str, records: Path) -> Any:
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return (
+        ray.remote(NodeAgent)
+        .options(
+            name=agent_name(node_id),
+            namespace=NAMESPACE,
+            lifetime="detached",
+            get_if_exists=True,
+            num_cpus=0,
+            max_concurrency=4,
+            max_restarts=0,  # a new agent is made on demand, and finishes what this left
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        )
+        .remote(str(records))
+    )
+
+
+class Watched:
+    """An engine actor's request to its node's agent (:func:`watch_engine`): sent at once,
+    confirmed by :meth:`confirm` (the agent is made meanwhile, beside the engine's start)."""
+
+    def __init__(self, pid: int, since: float, dirs: list[str], log: str | None) -> None:
+        import ray
+
+        self._node = ray.get_runtime_context().get_node_id()
+        self._args = (pid, since, dirs, log)
+        self._reply = self._ask()
+
+    def _ask(self) -> Any:
+        return _agent(self._node, state_dir()).watch.remote(*self._args)
+
+    def confirm(self, attempts: int = 5) -> None:
+        """Wait until the agent has taken the engine; an agent that was ending as it was
+        asked is followed by the node's next one."""
+        import ray
+
+        for attempt in range(attempts):
+            if attempt:
+                time.sleep(1.0)  # the ended agent's name is free again within 0.5 s
+                self._reply = self._ask()
+            try:
+                if ray.get(self._reply):
+                    return
+            except ray.exceptions.RayActorError:
+                continue
+        raise RuntimeError(
+            f"the node agent of node {self._node} did not take engine actor {self._args[0]}"
+        )
+
+
+def watch_engine(pid: int, since: float, dirs: list[str], log: str | None) -> Watched:
+    """Have this node's agent (made if there is none) watch the engine actor ``pid`` (the
+    caller) and clean up after it: the processes it leaves running, the segments they
+    mapped since ``since``, the directories ``dirs``. ``log``: the file for what the agent
+    saw and did about this engine. Returns at once: :meth:`Watched.confirm` waits."""
+    return Watched(pid, since, dirs, log)
+
+
+def _agents_running() -> bool:
+    """Whether a node agent runs on this node now (``ray::NodeAgent``: its process title)."""
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        if "ray::NodeAgent" in " ".join(proc.info["cmdline"] or []):
+            return True
+    return False
+
+
+def finish_orphaned(
+    records: Path | None = None, grace: float = 10.0, wait: float = 3.0
+) -> list[int]:
+    """In a process of the node while no agent runs on it: finish what the node's last
+    agent left (it ended with its Ray): for each recorded engine that has exited, end what
+    still runs of its processes and remove the segments they mapped, as the agent would.
+    An agent still running after ``wait`` s (a Ray shut down just now takes a moment to
+    end its workers) is a live Ray's, which does it itself: nothing is done here. The
+    engines cleaned up after."""
+
+    from ray_stream_llm.integrations.vllm import shm
+
+    records = records or state_dir()
+    if not records.is_dir() or not any(records.glob("*.json")):
+        return []
+    deadline = time.monotonic() + wait
+    while _agents_running():
+        if time.monotonic() >= deadline:
+            return []
+        time.sleep(0.1)
+
+    finished = []
+    for record in sorted(records.glob("*.json")):
+        try:
+            state = json.loads(record.read_text())
+            if shm._live(state["pid"], state["started"]):
+                continue  # alive: a Ray that still runs (not this process's) owns it
+            members = {int(p): t for p, t in state["members"].items()}
+            shm.clean_after(members, set(state["seen"]), state["since"], state["dirs"], grace=grace)
+            finished.append(state["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            logger.warning("cannot finish the node agent's record %s", record, exc_info=True)
+        record.unlink(missing_ok=True)
+    return finished
+
+
+def finish_at_exit() -> None:
+    """The driver's exit (``atexit``, registered by the processor's build): where this
+    process started the local Ray its jobs ran on, Ray's shutdown kills the node's agent
+    with the engines (SIGKILL, all at once), so what the engines' processes left is
+    finished here, after it: Ray is shut down first (what its own exit hook does next, and
+    a second call does nothing), then :func:`finish_orphaned`. Also after the user's own
+    ``ray.shutdown()``. A driver that joined a running cluster leaves the work to its
+    agents, which outlive it."""
+    import ray
+
+    if ray.is_initialized():
+        node = getattr(ray._private.worker, "_global_node", None)
+        if node is None or not node.is_head():
+            return  # not a Ray of this process: its agents go on
+        ray.shutdown()
+    finish_orphaned(wait=10.0)
+
+
+@functools.cache
+def finish_at_exit_of_this_process() -> None:
+    """Register :func:`finish_at_exit` once per process (the driver's)."""
+    import atexit
+
+    atexit.register(finish_at_exit)

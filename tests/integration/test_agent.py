@@ -1,0 +1,205 @@
+"""The node agent (ray_stream_llm/integrations/ray/agent.py) on a real local Ray: an actor
+standing for an engine (a child process that maps a /dev/shm segment, as vLLM's engine core does) is
+SIGKILLed, as Ray's memory monitor kills; within 20 s its child is ended and its segment and
+directory removed, under Ray's defaults and under Ray's own clean-up setting
+(RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper, which ends the processes a
+dead worker left, and would end a library's detached helper too). Then the agent, with
+nothing left to watch, ends itself; a killed agent's successor finishes its work."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+from helpers.janitors import agents
+from helpers.waiting import wait_until
+
+from ray_stream_llm.integrations.ray import agent as agent_module
+
+pytestmark = [pytest.mark.e2e]
+
+# a process that maps a /dev/shm segment of its own and waits (vLLM's engine core, here)
+_MAPPER = textwrap.dedent("""
+    import mmap, os, time
+    fd = os.open("/dev/shm/{name}", os.O_RDWR | os.O_CREAT, 0o600)
+    os.ftruncate(fd, mmap.PAGESIZE)
+    m = mmap.mmap(fd, mmap.PAGESIZE)
+    print("mapped", flush=True)
+    time.sleep(600)
+""")
+
+
+@pytest.fixture
+def local_ray(work, monkeypatch, request):
+    """A local Ray of its own; ``request.param``: extra environment for its processes."""
+    import ray
+
+    for key, value in (getattr(request, "param", None) or {}).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("RAY_TMPDIR", str(work))
+    ray.init(num_cpus=1, include_dashboard=False, _temp_dir=str(work / "ray"))
+    yield ray
+    ray.shutdown()
+
+
+def _engine_class(ray):
+    @ray.remote(num_cpus=0)
+    class Engine:
+        """Stands for an engine actor: a child mapping a segment, watched by the agent."""
+
+        def start(self, name: str, rpc_dir: str) -> int:
+            import subprocess
+
+            from ray_stream_llm.integrations.ray.agent import watch_engine
+            from ray_stream_llm.integrations.vllm.shm import janitor_log
+
+            since = time.time() - 1.0
+            self.kid = subprocess.Popen(
+                [sys.executable, "-c", _MAPPER.format(name=name)], stdout=subprocess.PIPE
+            )
+            assert self.kid.stdout.readline().strip() == b"mapped"
+            watch_engine(os.getpid(), since, [rpc_dir], janitor_log(os.getpid())).confirm()
+            return self.kid.pid
+
+        def pid(self) -> int:
+            return os.getpid()
+
+    return Engine
+
+
+SUBREAPER = {"RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper": "true"}
+
+
+@pytest.mark.parametrize(
+    "local_ray", [None, SUBREAPER], ids=["defaults", "subreaper"], indirect=True
+)
+def test_a_killed_engines_leftovers_are_gone_within_20_s_and_the_agent_then_ends(
+    local_ray, work, tmp_path
+):
+    ray = local_ray
+    name = f"psm_rsl{uuid.uuid4().hex[:8]}agent"
+    rpc_dir = tmp_path / "rsl-rpc-engine"
+    rpc_dir.mkdir()
+    engine = _engine_class(ray).remote()
+    try:
+        kid = ray.get(engine.start.remote(name, str(rpc_dir)))
+        actor_pid = ray.get(engine.pid.remote())
+        assert Path(f"/dev/shm/{name}").exists() and psutil.pid_exists(kid)
+        assert len(agents()) == 1
+        os.kill(actor_pid, signal.SIGKILL)  # as Ray's memory monitor ends an actor
+        killed = time.monotonic()
+
+        def clean() -> bool:
+            gone = not psutil.pid_exists(kid) or psutil.Process(kid).status() == "zombie"
+            return gone and not Path(f"/dev/shm/{name}").exists() and not rpc_dir.exists()
+
+        wait_until(clean, 20, "the engine's leftovers")
+        print(f"\nclean {time.monotonic() - killed:.1f} s after the SIGKILL")
+        log = next((work / "ray").rglob(f"rsl-janitor-{actor_pid}.log")).read_text()
+        assert f"actor {actor_pid} exited" in log and name in log and "done" in log, log
+        assert not list(agent_module.state_dir().glob(f"{actor_pid}-*.json"))  # its record
+        wait_until(lambda: not agents(), agent_module.IDLE_S + 30, "the idle agent's end")
+    finally:
+        Path(f"/dev/shm/{name}").unlink(missing_ok=True)
+
+
+def test_a_new_agent_finishes_what_a_killed_one_left(local_ray, tmp_path):
+    """An agent that ended with its Ray left a record of an engine whose child still runs and
+    maps its segment: the node's next agent ends the child and removes the segment."""
+    import subprocess
+
+    ray = local_ray
+    name = f"psm_rsl{uuid.uuid4().hex[:8]}left"
+    kid = subprocess.Popen(
+        [sys.executable, "-c", _MAPPER.format(name=name)], stdout=subprocess.PIPE
+    )
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])  # the engine actor, gone
+    dead.wait()
+    try:
+        assert kid.stdout.readline().strip() == b"mapped"
+        records = agent_module.state_dir()
+        records.mkdir(parents=True, exist_ok=True)
+        record = records / f"{dead.pid}-1.0.json"
+        state = {
+            "pid": dead.pid,
+            "started": 1.0,
+            "since": time.time() - 60,
+            "dirs": [],
+            "log": None,
+            "members": {str(kid.pid): psutil.Process(kid.pid).create_time()},
+            "seen": [name],
+        }
+        record.write_text(json.dumps(state))
+        node = ray.get_runtime_context().get_node_id()
+        agent = agent_module._agent(node, records)
+        wait_until(lambda: kid.poll() is not None, 60, "the recorded process's end")
+        wait_until(lambda: not Path(f"/dev/shm/{name}").exists(), 30, "the segment's removal")
+        assert not record.exists()
+        assert ray.get(agent.watching.remote()) == []
+    finally:
+        kid.kill()
+        Path(f"/dev/shm/{name}").unlink(missing_ok=True)
+
+
+_SCRIPT = textwrap.dedent("""
+    import json, os, subprocess, sys, time
+    import ray
+    from ray_stream_llm.integrations.ray.agent import finish_at_exit_of_this_process
+
+    name, explicit, temp = sys.argv[1], sys.argv[2] == "explicit", sys.argv[3]
+    finish_at_exit_of_this_process()  # what the processor's build does on the driver
+    ray.init(num_cpus=1, include_dashboard=False, _temp_dir=temp)
+
+    @ray.remote(num_cpus=0)
+    class Engine:
+        def start(self):
+            from ray_stream_llm.integrations.ray.agent import watch_engine
+            since = time.time() - 1.0
+            self.kid = subprocess.Popen([sys.executable, "-c", {mapper!r}.format(name=name)],
+                                        stdout=subprocess.PIPE)
+            assert self.kid.stdout.readline().strip() == b"mapped"
+            watch_engine(os.getpid(), since, [], None).confirm()
+            return os.getpid(), self.kid.pid
+
+    engine = Engine.remote()
+    print(json.dumps(ray.get(engine.start.remote())), flush=True)
+    if explicit:
+        ray.shutdown()  # the user's own, before the script ends
+""")
+
+
+@pytest.mark.parametrize("ending", ["explicit", "implicit"])
+def test_a_local_rays_end_leaves_no_segment_of_its_engines(work, ending):
+    """A driver that started its own Ray: Ray's shutdown SIGKILLs the engines, their
+    processes and the node's agent at once (measured: no SIGTERM reaches any of them). What
+    the engines' processes mapped is removed at the driver's exit, after Ray's shutdown,
+    whether the script called ``ray.shutdown()`` itself or left it to Ray's exit hook."""
+    import subprocess
+
+    name = f"psm_rsl{uuid.uuid4().hex[:8]}exit"
+    script = work / "driver.py"
+    script.write_text(_SCRIPT.replace("{mapper!r}", repr(_MAPPER)))
+    env = {**os.environ, "RAY_TMPDIR": str(work)}
+    try:
+        done = subprocess.run(
+            [sys.executable, str(script), name, ending, str(work / "ray")],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        actor, kid = json.loads(done.stdout.strip().splitlines()[-1])
+        assert not Path(f"/dev/shm/{name}").exists()
+        assert not psutil.pid_exists(kid) or psutil.Process(kid).status() == "zombie"
+        assert not list(agent_module.state_dir().glob(f"{actor}-*.json"))
+    finally:
+        Path(f"/dev/shm/{name}").unlink(missing_ok=True)
