@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import textwrap
 import time
@@ -19,7 +18,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers.janitors import agents
 from helpers.waiting import wait_until
 
 from ray_stream_llm.integrations.ray import agent as agent_module
@@ -38,75 +36,96 @@ _MAPPER = textwrap.dedent("""
 
 
 @pytest.fixture
-def local_ray(work, monkeypatch, request):
-    """A local Ray of its own; ``request.param``: extra environment for its processes."""
+def local_ray(work, monkeypatch):
+    """A local Ray of its own in this process."""
     import ray
 
-    for key, value in (getattr(request, "param", None) or {}).items():
-        monkeypatch.setenv(key, value)
     monkeypatch.setenv("RAY_TMPDIR", str(work))
     ray.init(num_cpus=1, include_dashboard=False, _temp_dir=str(work / "ray"))
     yield ray
     ray.shutdown()
 
 
-def _engine_class(ray):
+# A driver of its own (Ray's subreaper setting, once in a driver, reaps every child that
+# driver starts: subprocess return codes read 0 from then on; not in pytest's process).
+# It starts an engine whose child maps the segment, SIGKILLs the actor, as Ray's memory
+# monitor does, and reports when the leftovers were gone and when the idle agent ended.
+_KILL = textwrap.dedent("""
+    import json, os, signal, subprocess, sys, time
+    import psutil, ray
+
+    name, rpc_dir, temp = sys.argv[1:4]
+    ray.init(num_cpus=1, include_dashboard=False, _temp_dir=temp)
+
     @ray.remote(num_cpus=0)
     class Engine:
-        """Stands for an engine actor: a child mapping a segment, watched by the agent."""
-
-        def start(self, name: str, rpc_dir: str) -> int:
-            import subprocess
-
+        def start(self):
             from ray_stream_llm.integrations.ray.agent import watch_engine
             from ray_stream_llm.integrations.vllm.shm import janitor_log
-
             since = time.time() - 1.0
-            self.kid = subprocess.Popen(
-                [sys.executable, "-c", _MAPPER.format(name=name)], stdout=subprocess.PIPE
-            )
+            self.kid = subprocess.Popen([sys.executable, "-c", {mapper!r}.format(name=name)],
+                                        stdout=subprocess.PIPE)
             assert self.kid.stdout.readline().strip() == b"mapped"
-            watch_engine(os.getpid(), since, [rpc_dir], janitor_log(os.getpid())).confirm()
-            return self.kid.pid
+            log = janitor_log(os.getpid())
+            watch_engine(os.getpid(), since, [rpc_dir], log).confirm()
+            return os.getpid(), self.kid.pid, log
 
-        def pid(self) -> int:
-            return os.getpid()
+    def agents():
+        return [p for p in psutil.process_iter(["cmdline"])
+                if "ray::NodeAgent" in " ".join(p.info["cmdline"] or [])]
 
-    return Engine
+    actor, kid, log = ray.get(Engine.remote().start.remote())
+    before = {{"segment": os.path.exists("/dev/shm/" + name), "kid": psutil.pid_exists(kid),
+              "agents": len(agents())}}
+    os.kill(actor, signal.SIGKILL)
+    killed = time.monotonic()
 
+    def clean():
+        gone = not psutil.pid_exists(kid) or psutil.Process(kid).status() == "zombie"
+        return gone and not os.path.exists("/dev/shm/" + name) and not os.path.exists(rpc_dir)
+
+    while not clean() and time.monotonic() - killed < 20:
+        time.sleep(0.05)
+    clean_s = time.monotonic() - killed if clean() else None
+    while agents() and time.monotonic() - killed < 60:
+        time.sleep(0.1)
+    print(json.dumps({{"actor": actor, "before": before, "clean_s": clean_s,
+                      "agent_left": len(agents()), "log": open(log).read()}}), flush=True)
+    ray.shutdown()
+""")
 
 SUBREAPER = {"RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper": "true"}
 
 
-@pytest.mark.parametrize(
-    "local_ray", [None, SUBREAPER], ids=["defaults", "subreaper"], indirect=True
-)
-def test_a_killed_engines_leftovers_are_gone_within_20_s_and_the_agent_then_ends(
-    local_ray, work, tmp_path
-):
-    ray = local_ray
+@pytest.mark.parametrize("ray_env", [{}, SUBREAPER], ids=["defaults", "subreaper"])
+def test_a_killed_engines_leftovers_are_gone_within_20_s_and_the_agent_then_ends(work, ray_env):
+    import subprocess
+
     name = f"psm_rsl{uuid.uuid4().hex[:8]}agent"
-    rpc_dir = tmp_path / "rsl-rpc-engine"
+    rpc_dir = work / "rsl-rpc-engine"
     rpc_dir.mkdir()
-    engine = _engine_class(ray).remote()
+    script = work / "kill.py"
+    script.write_text(_KILL.format(mapper=_MAPPER))
+    env = {**os.environ, "RAY_TMPDIR": str(work), **ray_env}
     try:
-        kid = ray.get(engine.start.remote(name, str(rpc_dir)))
-        actor_pid = ray.get(engine.pid.remote())
-        assert Path(f"/dev/shm/{name}").exists() and psutil.pid_exists(kid)
-        assert len(agents()) == 1
-        os.kill(actor_pid, signal.SIGKILL)  # as Ray's memory monitor ends an actor
-        killed = time.monotonic()
-
-        def clean() -> bool:
-            gone = not psutil.pid_exists(kid) or psutil.Process(kid).status() == "zombie"
-            return gone and not Path(f"/dev/shm/{name}").exists() and not rpc_dir.exists()
-
-        wait_until(clean, 20, "the engine's leftovers")
-        print(f"\nclean {time.monotonic() - killed:.1f} s after the SIGKILL")
-        log = next((work / "ray").rglob(f"rsl-janitor-{actor_pid}.log")).read_text()
-        assert f"actor {actor_pid} exited" in log and name in log and "done" in log, log
-        assert not list(agent_module.state_dir().glob(f"{actor_pid}-*.json"))  # its record
-        wait_until(lambda: not agents(), agent_module.IDLE_S + 30, "the idle agent's end")
+        done = subprocess.run(
+            [sys.executable, str(script), name, str(rpc_dir), str(work / "ray")],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        out = json.loads(done.stdout.strip().splitlines()[-1])
+        assert out["before"] == {"segment": True, "kid": True, "agents": 1}, out
+        assert out["clean_s"] is not None, out["log"]  # within 20 s of the SIGKILL
+        print(f"\nclean {out['clean_s']:.1f} s after the SIGKILL")
+        actor = out["actor"]
+        assert f"actor {actor} exited" in out["log"] and name in out["log"], out["log"]
+        assert "done" in out["log"], out["log"]
+        assert not list(agent_module.state_dir().glob(f"{actor}-*.json"))  # its record
+        assert out["agent_left"] == 0  # the idle agent ended itself
+        assert not Path(f"/dev/shm/{name}").exists()
     finally:
         Path(f"/dev/shm/{name}").unlink(missing_ok=True)
 

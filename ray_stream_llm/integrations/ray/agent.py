@@ -79,9 +79,14 @@ class NodeAgent:
         self._lock = threading.Lock()
         self._watching: dict[int, threading.Thread] = {}
         self._retiring = False
+        from ray_stream_llm.integrations.vllm import shm
+
         for record in sorted(self._records.glob("*.json")):  # what an earlier agent left
-            with contextlib.suppress(OSError, ValueError, KeyError):
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
                 state = json.loads(record.read_text())
+                raylet = state.get("raylet") or [0, 0.0]
+                if raylet[0] != os.getppid() and shm._live(*raylet):
+                    continue  # another running Ray's engine: its own agent watches it
                 with self._lock:
                     thread = self._thread(record, state)
                 thread.start()
@@ -94,9 +99,11 @@ class NodeAgent:
         after it. False when this agent is ending (ask the node's next one)."""
         import psutil
 
+        raylet = psutil.Process(os.getppid())  # this worker's: it ends with its Ray
         state = {
             "pid": pid,
             "started": psutil.Process(pid).create_time(),
+            "raylet": [raylet.pid, raylet.create_time()],
             "since": since,
             "dirs": dirs,
             "log": log,
@@ -233,36 +240,20 @@ def watch_engine(pid: int, since: float, dirs: list[str], log: str | None) -> Wa
     return Watched(pid, since, dirs, log)
 
 
-def _agents_running() -> bool:
-    """Whether a node agent runs on this node now (``ray::NodeAgent``: its process title)."""
-    import psutil
-
-    for proc in psutil.process_iter(["cmdline"]):
-        if "ray::NodeAgent" in " ".join(proc.info["cmdline"] or []):
-            return True
-    return False
-
-
 def finish_orphaned(
-    records: Path | None = None, grace: float = 10.0, wait: float = 3.0
+    records: Path | None = None, grace: float = 10.0, wait: float = 10.0
 ) -> list[int]:
-    """In a process of the node while no agent runs on it: finish what the node's last
-    agent left (it ended with its Ray): for each recorded engine that has exited, end what
-    still runs of its processes and remove the segments they mapped, as the agent would.
-    An agent still running after ``wait`` s (a Ray shut down just now takes a moment to
-    end its workers) is a live Ray's, which does it itself: nothing is done here. The
-    engines cleaned up after."""
+    """In a process of the node: finish what the node's agents left when their Ray ended:
+    for each recorded engine that has exited and whose agent's raylet is gone (given up to
+    ``wait`` s to end: ``ray.shutdown()`` does not wait for it), end what still runs of its
+    processes and remove the segments they mapped, as the agent would. A record of a Ray
+    that still runs is its agent's. The engines cleaned up after."""
 
     from ray_stream_llm.integrations.vllm import shm
 
     records = records or state_dir()
     if not records.is_dir() or not any(records.glob("*.json")):
         return []
-    deadline = time.monotonic() + wait
-    while _agents_running():
-        if time.monotonic() >= deadline:
-            return []
-        time.sleep(0.1)
 
     finished = []
     for record in sorted(records.glob("*.json")):
@@ -270,6 +261,12 @@ def finish_orphaned(
             state = json.loads(record.read_text())
             if shm._live(state["pid"], state["started"]):
                 continue  # alive: a Ray that still runs (not this process's) owns it
+            raylet = state.get("raylet") or [0, 0.0]
+            deadline = time.monotonic() + wait  # a Ray shut down just now: its raylet ends
+            while shm._live(*raylet) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if shm._live(*raylet):
+                continue  # a running Ray's: its agent finishes it
             members = {int(p): t for p, t in state["members"].items()}
             shm.clean_after(members, set(state["seen"]), state["since"], state["dirs"], grace=grace)
             finished.append(state["pid"])
@@ -294,7 +291,7 @@ def finish_at_exit() -> None:
         if node is None or not node.is_head():
             return  # not a Ray of this process: its agents go on
         ray.shutdown()
-    finish_orphaned(wait=10.0)
+    finish_orphaned()
 
 
 @functools.cache
