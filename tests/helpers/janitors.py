@@ -4,6 +4,7 @@ regions' reapers (ray_stream_llm.weights.region, detached processes), seen from 
 from __future__ import annotations
 
 import os
+import textwrap
 from pathlib import Path
 
 import psutil
@@ -12,6 +13,17 @@ from helpers.waiting import wait_until
 from ray_stream_llm.integrations.vllm.shm import orphaned_segments, remove_orphaned_segments
 
 REAPER_MODULE = "ray_stream_llm.weights.region"
+
+# a process that maps a /dev/shm segment of its own (``{name}``) and waits: vLLM's engine
+# core or worker, in the tests of what an engine's processes leave
+SEGMENT_MAPPER = textwrap.dedent("""
+    import mmap, os, time
+    fd = os.open("/dev/shm/{name}", os.O_RDWR | os.O_CREAT, 0o600)
+    os.ftruncate(fd, mmap.PAGESIZE)
+    m = mmap.mmap(fd, mmap.PAGESIZE)
+    print("mapped", flush=True)
+    time.sleep(600)
+""")
 
 
 def reapers(region: Path | str | None = None) -> list[psutil.Process]:

@@ -18,21 +18,12 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers.janitors import SEGMENT_MAPPER as _MAPPER
 from helpers.waiting import wait_until
 
 from ray_stream_llm.integrations.ray import agent as agent_module
 
 pytestmark = [pytest.mark.e2e]
-
-# a process that maps a /dev/shm segment of its own and waits (vLLM's engine core, here)
-_MAPPER = textwrap.dedent("""
-    import mmap, os, time
-    fd = os.open("/dev/shm/{name}", os.O_RDWR | os.O_CREAT, 0o600)
-    os.ftruncate(fd, mmap.PAGESIZE)
-    m = mmap.mmap(fd, mmap.PAGESIZE)
-    print("mapped", flush=True)
-    time.sleep(600)
-""")
 
 
 @pytest.fixture
@@ -50,33 +41,42 @@ def local_ray(work, monkeypatch):
 # driver starts: subprocess return codes read 0 from then on; not in pytest's process).
 # It starts an engine whose child maps the segment, SIGKILLs the actor, as Ray's memory
 # monitor does, and reports when the leftovers were gone and when the idle agent ended.
-_KILL = textwrap.dedent("""
+# An engine actor, for the drivers below: a child that maps the segment, watched by the agent.
+_ENGINE = textwrap.dedent("""
     import json, os, signal, subprocess, sys, time
     import psutil, ray
 
-    name, rpc_dir, temp = sys.argv[1:4]
-    ray.init(num_cpus=1, include_dashboard=False, _temp_dir=temp)
-
     @ray.remote(num_cpus=0)
     class Engine:
-        def start(self):
+        def start(self, name, dirs):
             from ray_stream_llm.integrations.ray.agent import watch_engine
             from ray_stream_llm.integrations.vllm.shm import janitor_log
             since = time.time() - 1.0
-            self.kid = subprocess.Popen([sys.executable, "-c", {mapper!r}.format(name=name)],
+            self.kid = subprocess.Popen([sys.executable, "-c", MAPPER.format(name=name)],
                                         stdout=subprocess.PIPE)
             assert self.kid.stdout.readline().strip() == b"mapped"
             log = janitor_log(os.getpid())
-            watch_engine(os.getpid(), since, [rpc_dir], log).confirm()
+            watch_engine(os.getpid(), since, dirs, log).confirm()
             return os.getpid(), self.kid.pid, log
+""")
+
+
+def _driver(body: str) -> str:
+    """A driver script: the engine above, then ``body``."""
+    return f"MAPPER = {_MAPPER!r}\n" + _ENGINE + textwrap.dedent(body)
+
+
+_KILL = _driver("""
+    name, rpc_dir, temp = sys.argv[1:4]
+    ray.init(num_cpus=1, include_dashboard=False, _temp_dir=temp)
 
     def agents():
         return [p for p in psutil.process_iter(["cmdline"])
                 if "ray::NodeAgent" in " ".join(p.info["cmdline"] or [])]
 
-    actor, kid, log = ray.get(Engine.remote().start.remote())
-    before = {{"segment": os.path.exists("/dev/shm/" + name), "kid": psutil.pid_exists(kid),
-              "agents": len(agents())}}
+    actor, kid, log = ray.get(Engine.remote().start.remote(name, [rpc_dir]))
+    before = {"segment": os.path.exists("/dev/shm/" + name), "kid": psutil.pid_exists(kid),
+              "agents": len(agents())}
     os.kill(actor, signal.SIGKILL)
     killed = time.monotonic()
 
@@ -89,8 +89,8 @@ _KILL = textwrap.dedent("""
     clean_s = time.monotonic() - killed if clean() else None
     while agents() and time.monotonic() - killed < 60:
         time.sleep(0.1)
-    print(json.dumps({{"actor": actor, "before": before, "clean_s": clean_s,
-                      "agent_left": len(agents()), "log": open(log).read()}}), flush=True)
+    print(json.dumps({"actor": actor, "before": before, "clean_s": clean_s,
+                      "agent_left": len(agents()), "log": open(log).read()}), flush=True)
     ray.shutdown()
 """)
 
@@ -105,7 +105,7 @@ def test_a_killed_engines_leftovers_are_gone_within_20_s_and_the_agent_then_ends
     rpc_dir = work / "rsl-rpc-engine"
     rpc_dir.mkdir()
     script = work / "kill.py"
-    script.write_text(_KILL.format(mapper=_MAPPER))
+    script.write_text(_KILL)
     env = {**os.environ, "RAY_TMPDIR": str(work), **ray_env}
     try:
         done = subprocess.run(
@@ -168,28 +168,14 @@ def test_a_new_agent_finishes_what_a_killed_one_left(local_ray, tmp_path):
         Path(f"/dev/shm/{name}").unlink(missing_ok=True)
 
 
-_SCRIPT = textwrap.dedent("""
-    import json, os, subprocess, sys, time
-    import ray
+_SCRIPT = _driver("""
     from ray_stream_llm.integrations.ray.agent import finish_at_exit_of_this_process
 
     name, explicit, temp = sys.argv[1], sys.argv[2] == "explicit", sys.argv[3]
     finish_at_exit_of_this_process()  # what the processor's build does on the driver
     ray.init(num_cpus=1, include_dashboard=False, _temp_dir=temp)
-
-    @ray.remote(num_cpus=0)
-    class Engine:
-        def start(self):
-            from ray_stream_llm.integrations.ray.agent import watch_engine
-            since = time.time() - 1.0
-            self.kid = subprocess.Popen([sys.executable, "-c", {mapper!r}.format(name=name)],
-                                        stdout=subprocess.PIPE)
-            assert self.kid.stdout.readline().strip() == b"mapped"
-            watch_engine(os.getpid(), since, [], None).confirm()
-            return os.getpid(), self.kid.pid
-
-    engine = Engine.remote()
-    print(json.dumps(ray.get(engine.start.remote())), flush=True)
+    actor, kid, _ = ray.get(Engine.remote().start.remote(name, []))
+    print(json.dumps([actor, kid]), flush=True)
     if explicit:
         ray.shutdown()  # the user's own, before the script ends
 """)
@@ -205,7 +191,7 @@ def test_a_local_rays_end_leaves_no_segment_of_its_engines(work, ending):
 
     name = f"psm_rsl{uuid.uuid4().hex[:8]}exit"
     script = work / "driver.py"
-    script.write_text(_SCRIPT.replace("{mapper!r}", repr(_MAPPER)))
+    script.write_text(_SCRIPT)
     env = {**os.environ, "RAY_TMPDIR": str(work)}
     try:
         done = subprocess.run(

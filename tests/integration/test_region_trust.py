@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from helpers.janitors import SEGMENT_MAPPER as _MAPPER
 from helpers.links import TappedLink, slow_link
 from helpers.s3log import copy_model
 from helpers.waiting import wait_until
@@ -290,15 +291,6 @@ def test_regions_no_live_process_uses_are_swept_at_the_next_start(
 
 
 # --- 5. the shm janitor removes only what the engine's own processes mapped ------------------
-# a process that maps a /dev/shm segment of its own and waits
-_MAPPER = textwrap.dedent("""
-    import mmap, os, time
-    fd = os.open("/dev/shm/{name}", os.O_RDWR | os.O_CREAT, 0o600)
-    os.ftruncate(fd, mmap.PAGESIZE)
-    m = mmap.mmap(fd, mmap.PAGESIZE)
-    print("mapped", flush=True)
-    time.sleep(600)
-""")
 
 
 def _engine_with_worker(worker: str, then: str = "") -> subprocess.Popen:

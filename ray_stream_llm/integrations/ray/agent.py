@@ -245,7 +245,7 @@ def finish_orphaned(
 ) -> list[int]:
     """In a process of the node: finish what the node's agents left when their Ray ended:
     for each recorded engine that has exited and whose agent's raylet is gone (given up to
-    ``wait`` s to end: ``ray.shutdown()`` does not wait for it), end what still runs of its
+    ``wait`` s in all to end: ``ray.shutdown()`` does not wait for it), end what still runs of its
     processes and remove the segments they mapped, as the agent would. A record of a Ray
     that still runs is its agent's. The engines cleaned up after."""
 
@@ -256,13 +256,13 @@ def finish_orphaned(
         return []
 
     finished = []
+    deadline = time.monotonic() + wait  # a Ray shut down just now: its raylet ends
     for record in sorted(records.glob("*.json")):
         try:
             state = json.loads(record.read_text())
             if shm._live(state["pid"], state["started"]):
                 continue  # alive: a Ray that still runs (not this process's) owns it
             raylet = state.get("raylet") or [0, 0.0]
-            deadline = time.monotonic() + wait  # a Ray shut down just now: its raylet ends
             while shm._live(*raylet) and time.monotonic() < deadline:
                 time.sleep(0.1)
             if shm._live(*raylet):
