@@ -151,7 +151,6 @@ class NodeAgent:
         return thread
 
     def _run(self, record: Path, state: dict[str, Any]) -> None:
-
         from ray_stream_llm.integrations.vllm import shm
 
         pid, since, dirs = state["pid"], state["since"], state["dirs"]
@@ -163,12 +162,12 @@ class NodeAgent:
             write_whole(record, json.dumps(state))
 
         try:
-            members = {int(p): t for p, t in state["members"].items()}
             if shm._live(pid, state["started"]):  # watched by an agent before this one
                 shm._watch(pid, since, dirs, log=log, record=keep)
             else:  # it ended while no agent ran: what still runs of it is left over
+                members = state["members"]
                 log.info("actor %d ended while no agent ran; its processes %s", pid, members)
-                shm.clean_after(members, set(state["seen"]), since, dirs, grace=0.0, log=log)
+                _finish(state, grace=0.0, log=log)
         except Exception:
             log.exception("cleaning up after actor %d failed", pid)
             raise
@@ -240,21 +239,30 @@ def watch_engine(pid: int, since: float, dirs: list[str], log: str | None) -> Wa
     return Watched(pid, since, dirs, log)
 
 
+def _finish(state: dict[str, Any], grace: float, log: logging.Logger | None = None) -> None:
+    """Clean up after the recorded engine of ``state``, which has exited: end what still
+    runs of its processes (after ``grace`` s), remove the segments they mapped and its
+    directories (``shm.clean_after``)."""
+    from ray_stream_llm.integrations.vllm import shm
+
+    members = {int(p): t for p, t in state["members"].items()}
+    seen, since, dirs = set(state["seen"]), state["since"], state["dirs"]
+    shm.clean_after(members, seen, since, dirs, grace=grace, log=log or logger)
+
+
 def finish_orphaned(
     records: Path | None = None, grace: float = 10.0, wait: float = 10.0
 ) -> list[int]:
     """In a process of the node: finish what the node's agents left when their Ray ended:
     for each recorded engine that has exited and whose agent's raylet is gone (given up to
-    ``wait`` s in all to end: ``ray.shutdown()`` does not wait for it), end what still runs of its
-    processes and remove the segments they mapped, as the agent would. A record of a Ray
-    that still runs is its agent's. The engines cleaned up after."""
-
+    ``wait`` s in all to end: ``ray.shutdown()`` does not wait for it), end what still runs
+    of its processes and remove the segments they mapped, as the agent would. A record of
+    a Ray that still runs is its agent's. The engines cleaned up after."""
     from ray_stream_llm.integrations.vllm import shm
 
     records = records or state_dir()
     if not records.is_dir() or not any(records.glob("*.json")):
         return []
-
     finished = []
     deadline = time.monotonic() + wait  # a Ray shut down just now: its raylet ends
     for record in sorted(records.glob("*.json")):
@@ -267,8 +275,7 @@ def finish_orphaned(
                 time.sleep(0.1)
             if shm._live(*raylet):
                 continue  # a running Ray's: its agent finishes it
-            members = {int(p): t for p, t in state["members"].items()}
-            shm.clean_after(members, set(state["seen"]), state["since"], state["dirs"], grace=grace)
+            _finish(state, grace)
             finished.append(state["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             logger.warning("cannot finish the node agent's record %s", record, exc_info=True)

@@ -161,34 +161,31 @@ def _started(procs: list[Any]) -> dict[int, float]:
     return found
 
 
-def _running(members: dict[int, float]) -> list[Any]:
-    """Those of ``members`` still the process they were (pid and start) and not zombies (a
-    zombie maps nothing: its parent has only not reaped it)."""
-    import psutil
-
-    found = []
-    for pid, started in members.items():
-        try:
-            proc = psutil.Process(pid)
-            if proc.create_time() == started and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
-
-
-def _live(pid: int, started: float | None = None) -> bool:
-    """Whether ``pid`` runs (not a zombie: it exited, its parent has only not reaped it;
-    with ``started``, only if it is still the process that started then)."""
+def _process(pid: int, started: float | None = None) -> Any:
+    """The psutil process ``pid`` while it runs, else None: with ``started``, only if it is
+    still the process that started then (a reused pid is another process); never a zombie
+    (it exited and maps nothing: its parent has only not reaped it)."""
     import psutil
 
     try:
         proc = psutil.Process(pid)
-        return proc.status() != psutil.STATUS_ZOMBIE and (
-            started is None or proc.create_time() == started
-        )
+        if (started is None or proc.create_time() == started) and (
+            proc.status() != psutil.STATUS_ZOMBIE
+        ):
+            return proc
     except psutil.Error:
-        return False
+        pass
+    return None
+
+
+def _live(pid: int, started: float | None = None) -> bool:
+    """Whether ``pid`` runs (:func:`_process`)."""
+    return _process(pid, started) is not None
+
+
+def _running(members: dict[int, float]) -> list[Any]:
+    """Those of ``members`` (pid and start time) that still run (:func:`_process`)."""
+    return [proc for pid, started in members.items() if (proc := _process(pid, started))]
 
 
 def _alive(members: dict[int, float]) -> bool:
