@@ -174,8 +174,11 @@ _SCRIPT = _driver("""
     name, explicit, temp = sys.argv[1], sys.argv[2] == "explicit", sys.argv[3]
     finish_at_exit_of_this_process()  # what the processor's build does on the driver
     ray.init(num_cpus=1, include_dashboard=False, _temp_dir=temp)
+    from ray_stream_llm.integrations.ray.agent import state_dir
+
     actor, kid, _ = ray.get(Engine.remote().start.remote(name, []))
-    print(json.dumps([actor, kid]), flush=True)
+    record, = state_dir().glob(f"{actor}-*.json")  # as the engine's start returned
+    print(json.dumps([actor, kid, json.loads(record.read_text())["seen"]]), flush=True)
     if explicit:
         ray.shutdown()  # the user's own, before the script ends
 """)
@@ -186,7 +189,8 @@ def test_a_local_rays_end_leaves_no_segment_of_its_engines(work, ending):
     """A driver that started its own Ray: Ray's shutdown SIGKILLs the engines, their
     processes and the node's agent at once (measured: no SIGTERM reaches any of them). What
     the engines' processes mapped is removed at the driver's exit, after Ray's shutdown,
-    whether the script called ``ray.shutdown()`` itself or left it to Ray's exit hook."""
+    whether the script called ``ray.shutdown()`` itself or left it to Ray's exit hook, at
+    once after the engine's start (what its processes map is in the agent's record by then)."""
     import subprocess
 
     name = f"psm_rsl{uuid.uuid4().hex[:8]}exit"
@@ -202,7 +206,8 @@ def test_a_local_rays_end_leaves_no_segment_of_its_engines(work, ending):
             env=env,
         )
         assert done.returncode == 0, done.stderr[-3000:]
-        actor, kid = json.loads(done.stdout.strip().splitlines()[-1])
+        actor, kid, recorded = json.loads(done.stdout.strip().splitlines()[-1])
+        assert recorded == [name]  # in the record before the engine's start returned
         assert not Path(f"/dev/shm/{name}").exists()
         assert not psutil.pid_exists(kid) or psutil.Process(kid).status() == "zombie"
         assert not list(agent_module.state_dir().glob(f"{actor}-*.json"))

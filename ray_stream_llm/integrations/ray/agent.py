@@ -99,7 +99,12 @@ class NodeAgent:
         after it. False when this agent is ending (ask the node's next one)."""
         import psutil
 
+        from ray_stream_llm.integrations.vllm import shm
+
         raylet = psutil.Process(os.getppid())  # this worker's: it ends with its Ray
+        # What the engine's tree maps as it asks is in the record before the answer: a Ray
+        # shut down at once after the engine's start must not find the record empty.
+        members, seen = shm.snapshot(pid)
         state = {
             "pid": pid,
             "started": psutil.Process(pid).create_time(),
@@ -107,8 +112,8 @@ class NodeAgent:
             "since": since,
             "dirs": dirs,
             "log": log,
-            "members": {},
-            "seen": [],
+            "members": {str(p): t for p, t in members.items()},
+            "seen": sorted(seen),
         }
         record = self._records / f"{pid}-{state['started']}.json"
         with self._lock:  # taken, or refused, before retire_when_idle can decide
@@ -163,7 +168,9 @@ class NodeAgent:
 
         try:
             if shm._live(pid, state["started"]):  # watched by an agent before this one
-                shm._watch(pid, since, dirs, log=log, record=keep)
+                members = {int(p): t for p, t in state["members"].items()}
+                seen = set(state["seen"])
+                shm._watch(pid, since, dirs, log=log, record=keep, members=members, seen=seen)
             else:  # it ended while no agent ran: what still runs of it is left over
                 members = state["members"]
                 log.info("actor %d ended while no agent ran; its processes %s", pid, members)
@@ -254,8 +261,8 @@ def finish_orphaned(
     records: Path | None = None, grace: float = 10.0, wait: float = 10.0
 ) -> list[int]:
     """In a process of the node: finish what the node's agents left when their Ray ended:
-    for each recorded engine that has exited and whose agent's raylet is gone (given up to
-    ``wait`` s in all to end: ``ray.shutdown()`` does not wait for it), end what still runs
+    for each recorded engine whose agent's raylet is gone (the engine and the raylet given up
+    to ``wait`` s in all to end: ``ray.shutdown()`` does not wait for them), end what still runs
     of its processes and remove the segments they mapped, as the agent would. A record of
     a Ray that still runs is its agent's. The engines cleaned up after."""
     from ray_stream_llm.integrations.vllm import shm
@@ -268,13 +275,14 @@ def finish_orphaned(
     for record in sorted(records.glob("*.json")):
         try:
             state = json.loads(record.read_text())
-            if shm._live(state["pid"], state["started"]):
-                continue  # alive: a Ray that still runs (not this process's) owns it
-            raylet = state.get("raylet") or [0, 0.0]
-            while shm._live(*raylet) and time.monotonic() < deadline:
+            engine, raylet = (state["pid"], state["started"]), state.get("raylet") or [0, 0.0]
+            if shm._live(*engine) and shm._live(*raylet):
+                continue  # a Ray that still runs (not this process's) owns it
+            # A Ray shut down just now: its raylet ends, and its engines with it.
+            while (shm._live(*raylet) or shm._live(*engine)) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            if shm._live(*raylet):
-                continue  # a running Ray's: its agent finishes it
+            if shm._live(*raylet) or shm._live(*engine):
+                continue  # a running Ray's (its agent finishes it), or the next agent's
             _finish(state, grace)
             finished.append(state["pid"])
         except (OSError, ValueError, KeyError, TypeError):

@@ -198,6 +198,12 @@ def _signal(members: dict[int, float], signum: int) -> None:
             proc.send_signal(signum)
 
 
+def snapshot(pid: int) -> tuple[dict[int, float], set[str]]:
+    """The processes of ``pid``'s tree now (pid and start time) and the segments they map."""
+    procs = _processes(pid)
+    return _started(procs), _mapped_by(procs)
+
+
 def _mappers(names: set[str]) -> dict[str, list[int]]:
     """For each of ``names``, the pids of the processes that map it now."""
     import psutil
@@ -221,18 +227,21 @@ def _watch(
     *,
     log: logging.Logger | logging.LoggerAdapter[Any] = logger,
     record: Record | None = None,
+    members: dict[int, float] | None = None,
+    seen: set[str] | None = None,
 ) -> None:
     """Watch ``pid`` (an engine actor) and its descendants; once the actor has exited, clean
     up after its processes (:func:`clean_after`). ``record(members, seen)`` is called
     whenever the processes or segments seen grow (the node agent keeps them in a file, for
-    its restarted self)."""
-    seen: set[str] = set()
-    members: dict[int, float] = {}
+    its restarted self); ``members`` and ``seen``: what was seen of them before."""
+    members, seen = dict(members or {}), set(seen or ())
+    first = True
     while _live(pid):
         procs = _processes(pid)  # one walk of the tree per poll serves both
         mapped = _mapped_by(procs)
-        if not members:
+        if first:
             log.info("watching actor %d: processes %s", pid, [p.pid for p in procs])
+            first = False
         started = _started(procs)
         if record is not None and (mapped - seen or started.keys() - members.keys()):
             record(members | started, seen | mapped)
