@@ -45,6 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ray_stream_llm.actors import NAMESPACE, library_actor
 from ray_stream_llm.files import write_whole
 from ray_stream_llm.weights.marks import (
     CREATED,
@@ -58,7 +59,6 @@ from ray_stream_llm.weights.marks import (
 
 logger = logging.getLogger(__name__)
 
-NAMESPACE = "ray_stream_llm"
 STALL_S = 60.0  # seconds a parent may serve nothing new before it is given up
 POLL_S = 0.02
 
@@ -220,12 +220,6 @@ class Server:
 
 
 @functools.cache
-def _actor_class(cls: type) -> Any:
-    import ray
-
-    return ray.remote(cls)
-
-
 def cluster_nodes() -> int:
     import ray
 
@@ -363,22 +357,11 @@ def _attach(
     once the region goes, it leaves the tree and ends, and the directory with its last
     member. A region removed before this node was in the tree leaves it from here."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     key = region.name
     try:
-        server = (
-            _actor_class(Server)
-            .options(
-                name=server_name(key, node),
-                namespace=NAMESPACE,
-                lifetime="detached",
-                get_if_exists=True,
-                num_cpus=0,
-                max_concurrency=64,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-            )
-            .remote(str(region))
+        server = library_actor(Server, server_name(key, node), node, max_concurrency=64).remote(
+            str(region)
         )
         server.serve_until_gone.remote(directory_name(key), node)
     except Exception as exc:
@@ -391,17 +374,7 @@ def _attach(
         return None
     try:
         for attempt in range(3):  # a directory that ended as this node asked: make another
-            directory = (
-                _actor_class(Directory)
-                .options(
-                    name=directory_name(key),
-                    namespace=NAMESPACE,
-                    lifetime="detached",
-                    get_if_exists=True,
-                    num_cpus=0,
-                )
-                .remote(fanout)
-            )
+            directory = library_actor(Directory, directory_name(key)).remote(fanout)
             try:
                 parent = ray.get(directory.join.remote(node, server, whole), timeout=60)
                 break

@@ -34,11 +34,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ray_stream_llm.actors import library_actor
 from ray_stream_llm.files import write_whole
 
 logger = logging.getLogger(__name__)
 
-NAMESPACE = "ray_stream_llm"
 IDLE_S = 10.0  # an agent with nothing to watch this long ends itself
 
 
@@ -186,23 +186,13 @@ class NodeAgent:
 
 
 def _agent(node_id: str, records: Path) -> Any:
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    return (
-        ray.remote(NodeAgent)
-        .options(
-            name=agent_name(node_id),
-            namespace=NAMESPACE,
-            lifetime="detached",
-            get_if_exists=True,
-            num_cpus=0,
-            max_concurrency=4,
-            max_restarts=0,  # a new agent is made on demand, and finishes what this left
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-        )
-        .remote(str(records))
-    )
+    return library_actor(
+        NodeAgent,
+        agent_name(node_id),
+        node_id,
+        max_concurrency=4,
+        max_restarts=0,  # a new agent is made on demand, and finishes what this left
+    ).remote(str(records))
 
 
 class Watched:

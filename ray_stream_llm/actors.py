@@ -1,0 +1,28 @@
+"""The library's own Ray actors (the peers' directory and servers, the node agents): named in
+one namespace, detached, asking for no CPU; the one of that name if it runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+NAMESPACE = "ray_stream_llm"
+
+
+def library_actor(cls: type, name: str, node: str | None = None, **options: Any) -> Any:
+    """``cls`` as the library's actor ``name``, ready for ``.remote(...)``: detached, in
+    :data:`NAMESPACE`, ``num_cpus=0``, the running one of that name if there is one; with
+    ``node``, pinned to that node (not elsewhere if it is gone). ``options``: Ray's others."""
+    import ray
+
+    if node is not None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+    return ray.remote(cls).options(
+        name=name,
+        namespace=NAMESPACE,
+        lifetime="detached",
+        get_if_exists=True,
+        num_cpus=0,
+        **options,
+    )
