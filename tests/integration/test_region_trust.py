@@ -351,7 +351,7 @@ def test_the_janitor_removes_only_segments_the_engines_processes_mapped(tmp_path
     )
     rpc = tmp_path / "rsl-rpc-x"
     rpc.mkdir()
-    watcher = threading.Thread(target=shm._watch, args=(child.pid, since, [str(rpc)], 0.05))
+    watcher = threading.Thread(target=shm.watch, args=(child.pid, since, [str(rpc)], 0.05))
     try:
         assert child.stdout.readline().strip() == "mapped"
         watcher.start()
@@ -379,7 +379,7 @@ def test_the_janitor_keeps_a_segment_older_than_the_engine_and_says_so(caplog):
     try:
         assert child.stdout.readline().strip() == "mapped"
         since = time.time() + 3600  # the engine started after the segment was written
-        watcher = threading.Thread(target=shm._watch, args=(child.pid, since, [], 0.05))
+        watcher = threading.Thread(target=shm.watch, args=(child.pid, since, [], 0.05))
         with caplog.at_level(logging.INFO, logger=shm.logger.name):
             watcher.start()
             wait_until(lambda: "watching actor" in caplog.text, 30, "the janitor never looked")
@@ -404,7 +404,7 @@ def test_the_janitor_waits_for_workers_that_outlive_the_engine(
     name = f"psm_rsl{uuid.uuid4().hex[:8]}late"
     worker = _MAPPER.format(name=name).replace("time.sleep(600)", "time.sleep(7)")
     engine = _engine_with_worker(worker)
-    watcher = threading.Thread(target=shm._watch, args=(engine.pid, time.time() - 1, [], 0.05))
+    watcher = threading.Thread(target=shm.watch, args=(engine.pid, time.time() - 1, [], 0.05))
     try:
         word, kid = engine.stdout.readline().split()
         assert word == "mapped"
@@ -437,7 +437,7 @@ def test_the_janitor_removes_what_a_worker_maps_after_the_engine_died(tmp_path, 
         "time.sleep(600)", "time.sleep(2)\n" + then.replace("time.sleep(600)", "time.sleep(2)")
     )
     engine = _engine_with_worker(worker)
-    watcher = threading.Thread(target=shm._watch, args=(engine.pid, time.time() - 1, [], 0.05))
+    watcher = threading.Thread(target=shm.watch, args=(engine.pid, time.time() - 1, [], 0.05))
     try:
         word, kid = engine.stdout.readline().split()
         assert word == "mapped"
@@ -466,7 +466,7 @@ def test_the_janitor_ends_workers_a_killed_engine_left_running(tmp_path, janitor
     worker = stubborn + _MAPPER.format(name=name)  # never exits by itself
     engine = _engine_with_worker(worker)
     watcher = threading.Thread(
-        target=shm._watch, args=(engine.pid, time.time() - 1, [], 0.05), kwargs={"grace": 1.0}
+        target=shm.watch, args=(engine.pid, time.time() - 1, [], 0.05), kwargs={"grace": 1.0}
     )
     kid = None
     try:

@@ -85,7 +85,7 @@ class NodeAgent:
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
                 state = json.loads(record.read_text())
                 raylet = state.get("raylet") or [0, 0.0]
-                if raylet[0] != os.getppid() and shm._live(*raylet):
+                if raylet[0] != os.getppid() and shm.is_running(*raylet):
                     continue  # another running Ray's engine: its own agent watches it
                 with self._lock:
                     thread = self._thread(record, state)
@@ -167,10 +167,10 @@ class NodeAgent:
             write_whole(record, json.dumps(state))
 
         try:
-            if shm._live(pid, state["started"]):  # watched by an agent before this one
+            if shm.is_running(pid, state["started"]):  # watched by an agent before this one
                 members = {int(p): t for p, t in state["members"].items()}
                 seen = set(state["seen"])
-                shm._watch(pid, since, dirs, log=log, record=keep, members=members, seen=seen)
+                shm.watch(pid, since, dirs, log=log, record=keep, members=members, seen=seen)
             else:  # it ended while no agent ran: what still runs of it is left over
                 members = state["members"]
                 log.info("actor %d ended while no agent ran; its processes %s", pid, members)
@@ -266,12 +266,14 @@ def finish_orphaned(
         try:
             state = json.loads(record.read_text())
             engine, raylet = (state["pid"], state["started"]), state.get("raylet") or [0, 0.0]
-            if shm._live(*engine) and shm._live(*raylet):
+            if shm.is_running(*engine) and shm.is_running(*raylet):
                 continue  # a Ray that still runs (not this process's) owns it
             # A Ray shut down just now: its raylet ends, and its engines with it.
-            while (shm._live(*raylet) or shm._live(*engine)) and time.monotonic() < deadline:
+            while (
+                shm.is_running(*raylet) or shm.is_running(*engine)
+            ) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            if shm._live(*raylet) or shm._live(*engine):
+            if shm.is_running(*raylet) or shm.is_running(*engine):
                 continue  # a running Ray's (its agent finishes it), or the next agent's
             _finish(state, grace)
             finished.append(state["pid"])

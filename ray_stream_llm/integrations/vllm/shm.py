@@ -136,7 +136,7 @@ def _newer(path: Path, since: float) -> bool:
 
 def janitor_log(pid: int) -> str | None:
     """Where the node agent logs its watch of the actor ``pid`` (this process), what it saw
-    and did (the janitor's work, :func:`_watch`): ``rsl-janitor-<pid>.log`` in
+    and did (the janitor's work, :func:`watch`): ``rsl-janitor-<pid>.log`` in
     the directory of the file this process's stderr goes to (a Ray worker's: its node's
     session logs, removed with them); None where stderr is no file."""
     try:
@@ -178,7 +178,7 @@ def _process(pid: int, started: float | None = None) -> Any:
     return None
 
 
-def _live(pid: int, started: float | None = None) -> bool:
+def is_running(pid: int, started: float | None = None) -> bool:
     """Whether ``pid`` runs (:func:`_process`)."""
     return _process(pid, started) is not None
 
@@ -218,7 +218,7 @@ def _mappers(names: set[str]) -> dict[str, list[int]]:
 Record = Callable[[dict[int, float], set[str]], None]
 
 
-def _watch(
+def watch(
     pid: int,
     since: float,
     dirs: list[str],
@@ -236,7 +236,7 @@ def _watch(
     its restarted self); ``members`` and ``seen``: what was seen of them before."""
     members, seen = dict(members or {}), set(seen or ())
     first = True
-    while _live(pid):
+    while is_running(pid):
         procs = _processes(pid)  # one walk of the tree per poll serves both
         mapped = _mapped_by(procs)
         if first:
