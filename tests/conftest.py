@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from helpers.janitors import wait_for_detached
-from helpers.jobs import share_model_records
+from helpers.jobs import share_compiled_code, share_model_records
 from helpers.models import LAYOUTS, UploadedModel, build_layout, metadata_files, weight_files
 
 from ray_stream_llm.tools.localstore import LocalS3Server
@@ -101,13 +101,27 @@ def vllm_modelinfos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("vllm-modelinfos")
 
 
+@pytest.fixture(scope="session")
+def vllm_compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """vLLM's compiled code (``~/.cache/vllm/torch_compile_cache``: its AOT artifacts, which
+    the library's plugin makes location-free), shared by the session's jobs (:func:`work`)
+    as by the jobs of a node where the same model ran before: a tiny model's engine that
+    loads it was ready in 13 s, one that compiled in 39 s (measured here, on loaded
+    cores). The tests of a start that compiles keep their HOME's cache their own:
+    tests/e2e/test_compile_cache.py (its nodes' own caches), test_readme.py (a new user's
+    first start, then the second's hit), test_resume.py (the artifact shipped through the
+    store), the bench's jobs (test_cli.py); so do make demo's (test_demo.py)."""
+    return tmp_path_factory.mktemp("vllm-compiled")
+
+
 @pytest.fixture
-def work(vllm_modelinfos: Path) -> Iterator[Path]:
+def work(vllm_modelinfos: Path, vllm_compiled: Path) -> Iterator[Path]:
     """A short directory under /tmp for a job's HOME (``home``: fresh but for vLLM's
-    model-class records, :func:`vllm_modelinfos`), TMPDIR, caches and Ray session (Ray's
-    socket paths must stay under 107 bytes)."""
+    model-class records and compiled code, :func:`vllm_modelinfos`, :func:`vllm_compiled`),
+    TMPDIR, caches and Ray session (Ray's socket paths must stay under 107 bytes)."""
     path = Path(tempfile.mkdtemp(prefix="rsl-job-", dir="/tmp"))
     share_model_records(path, vllm_modelinfos)
+    share_compiled_code(path, vllm_compiled)
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
@@ -142,7 +156,10 @@ def silent_endpoint() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def sharded_job(
-    s3_server: LocalS3Server, tiny_models: dict[str, UploadedModel], vllm_modelinfos: Path
+    s3_server: LocalS3Server,
+    tiny_models: dict[str, UploadedModel],
+    vllm_modelinfos: Path,
+    vllm_compiled: Path,
 ) -> Iterator[dict]:
     """The sharded tiny model answering SHARDED_QUESTIONS (greedy) with one engine that streams
     from the store (``weight_sharing="off"``) through a proxy adding 50 ms to every request
@@ -162,6 +179,7 @@ def sharded_job(
     model = tiny_models["sharded"]
     work = Path(tempfile.mkdtemp(prefix="rsl-job-", dir="/tmp"))  # short: Ray socket paths
     share_model_records(work, vllm_modelinfos)
+    share_compiled_code(work, vllm_compiled)
     try:
         with TappedLink(s3_server.port, latency=0.05) as proxy:
             store = store_through(s3_server, proxy.endpoint_url.replace("127.0.0.1", "localhost"))

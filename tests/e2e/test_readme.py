@@ -17,6 +17,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from helpers.janitors import segments_left
+from helpers.jobs import COMPILED
 from helpers.paths import REPO
 from helpers.waiting import wait_until
 
@@ -40,6 +41,7 @@ def test_readme_snippets_run_as_typed(work):
     checkout.mkdir()
     for name in (".venv", "examples"):
         (checkout / name).symlink_to(ROOT / name)
+    (work / "home" / COMPILED).unlink()  # a new user's node: nothing compiled before
     env = isolated_env(work)
     store = subprocess.Popen(
         ["bash", "-c", serve.strip()],

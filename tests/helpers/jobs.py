@@ -29,6 +29,19 @@ def share_model_records(work: Path, records: Path) -> None:
         (cache / "modelinfos").symlink_to(records, target_is_directory=True)
 
 
+COMPILED = Path(".cache", "vllm", "torch_compile_cache")  # under a HOME
+
+
+def share_compiled_code(work: Path, compiled: Path) -> None:
+    """``work/home`` (a job's fresh HOME) gets vLLM's compiled code ``compiled`` (conftest's
+    ``vllm_compiled``, shared by the session's jobs), as a job on a node where the same
+    model ran before has it: its engines load the code instead of compiling it."""
+    link = work / "home" / COMPILED
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink():
+        link.symlink_to(compiled, target_is_directory=True)
+
+
 # the session's one job on the sharded tiny model (tests/conftest.py: sharded_job)
 SHARDED_QUESTIONS = [
     "What is 2+2?",
