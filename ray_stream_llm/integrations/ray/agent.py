@@ -12,11 +12,11 @@ leftovers, and never the agent, which is no worker's child.
 
 What it watches is also kept in a file per engine on the node (:func:`state_dir`, written
 whole), for when the agent ends with its Ray. A local Ray (``ray.init()`` in the driver)
-SIGKILLs the engines, their processes and the agent at once when it shuts down; the
-driver then finishes the agent's work itself, at its exit, after Ray's shutdown
-(:func:`finish_at_exit`, registered by the processor's build): it ends the recorded
-processes still running (pid and start time both match) and removes the recorded
-segments no process maps. A driver that was killed leaves the records to the node's next
+stops its raylet when it shuts down, and the engines, their processes and the agent
+end with it; the driver then finishes the agent's work itself, at its exit, after Ray's
+shutdown (:func:`finish_at_exit`, registered by the processor's build): it ends the
+recorded processes still running (pid and start time both match) and removes the
+recorded segments no process maps. A driver that was killed leaves the records to the node's next
 agent, which does the same before anything else. With nothing to watch for ``IDLE_S``
 seconds the agent ends itself.
 """
@@ -31,6 +31,7 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -236,46 +237,46 @@ def watch_engine(pid: int, since: float, dirs: list[str], log: str | None) -> Wa
     return Watched(pid, since, dirs, log)
 
 
-def _finish(state: dict[str, Any], grace: float, log: logging.Logger | None = None) -> None:
-    """Clean up after the recorded engine of ``state``, which has exited: end what still
-    runs of its processes (after ``grace`` s), remove the segments they mapped and its
-    directories (``shm.clean_after``)."""
+def _finish(
+    state: dict[str, Any], grace: float, log: logging.Logger | None = None, **end: float
+) -> None:
+    """Clean up after the recorded engine of ``state``: end what still runs of its processes
+    (after ``grace`` s), remove the segments they mapped and its directories
+    (``shm.clean_after``, given ``end``: its ``term_wait`` and ``poll``)."""
     from ray_stream_llm.integrations.vllm import shm
 
     members = {int(p): t for p, t in state["members"].items()}
     seen, since, dirs = set(state["seen"]), state["since"], state["dirs"]
-    shm.clean_after(members, seen, since, dirs, grace=grace, log=log or logger)
+    shm.clean_after(members, seen, since, dirs, grace=grace, log=log or logger, **end)
 
 
 def finish_orphaned(
-    records: Path | None = None, grace: float = 10.0, wait: float = 10.0
+    records: Path | None = None, ending: Collection[tuple[int, float]] = (), wait: float = 10.0
 ) -> list[int]:
-    """In a process of the node: finish what the node's agents left when their Ray ended:
-    for each recorded engine whose agent's raylet is gone (the engine and the raylet given up
-    to ``wait`` s in all to end: ``ray.shutdown()`` does not wait for them), end what still runs
-    of its processes and remove the segments they mapped, as the agent would. A record of
-    a Ray that still runs is its agent's. The engines cleaned up after."""
+    """In a process of the node: finish what the node's agents left when their Ray ended.
+    For each recorded engine whose agent's raylet is gone, end what still runs of its
+    processes, the engine actor's own included (their Ray is gone: they serve nothing, and
+    a notebook's kernel gets 2.5 s to exit: SIGKILL at once), and
+    remove the segments they mapped, as the agent would. ``ending``: the raylets (pid and
+    start time) of a Ray shut down just now, given up to ``wait`` s in all to end
+    (``ray.shutdown()`` does not wait for them). A record of a Ray that still runs is its
+    agent's. The engines cleaned up after."""
     from ray_stream_llm.integrations.vllm import shm
 
     records = records or state_dir()
     if not records.is_dir() or not any(records.glob("*.json")):
         return []
     finished = []
-    deadline = time.monotonic() + wait  # a Ray shut down just now: its raylet ends
+    deadline = time.monotonic() + wait
     for record in sorted(records.glob("*.json")):
         try:
             state = json.loads(record.read_text())
-            engine, raylet = (state["pid"], state["started"]), state.get("raylet") or [0, 0.0]
-            if shm.is_running(*engine) and shm.is_running(*raylet):
-                continue  # a Ray that still runs (not this process's) owns it
-            # A Ray shut down just now: its raylet ends, and its engines with it.
-            while (
-                shm.is_running(*raylet) or shm.is_running(*engine)
-            ) and time.monotonic() < deadline:
+            raylet = tuple(state.get("raylet") or (0, 0.0))
+            while raylet in ending and shm.is_running(*raylet) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            if shm.is_running(*raylet) or shm.is_running(*engine):
-                continue  # a running Ray's (its agent finishes it), or the next agent's
-            _finish(state, grace)
+            if shm.is_running(*raylet):
+                continue  # a running Ray's: its agent finishes it
+            _finish(state, grace=0.0, term_wait=0.0, poll=0.1)
             finished.append(state["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             logger.warning("cannot finish the node agent's record %s", record, exc_info=True)
@@ -291,14 +292,21 @@ def finish_at_exit() -> None:
     a second call does nothing), then :func:`finish_orphaned`. Also after the user's own
     ``ray.shutdown()``. A driver that joined a running cluster leaves the work to its
     agents, which outlive it."""
+    import psutil
     import ray
 
+    ending = set()
     if ray.is_initialized():
         node = getattr(ray._private.worker, "_global_node", None)
         if node is None or not node.is_head():
             return  # not a Ray of this process: its agents go on
+        # its raylet, a child of this process: the records of its engines are this exit's
+        for child in psutil.Process().children():
+            with contextlib.suppress(psutil.Error):
+                if child.name() == "raylet":
+                    ending.add((child.pid, child.create_time()))
         ray.shutdown()
-    finish_orphaned()
+    finish_orphaned(ending=ending)
 
 
 @functools.cache

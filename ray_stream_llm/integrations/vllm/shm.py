@@ -260,6 +260,7 @@ def clean_after(
     poll: float = 0.5,
     grace: float = 60.0,
     *,
+    term_wait: float = 10.0,
     log: logging.Logger | logging.LoggerAdapter[Any] = logger,
 ) -> None:
     """After an engine actor exited: wait (up to ``grace`` s) for every process of its tree
@@ -267,7 +268,8 @@ def clean_after(
     seconds on a loaded node, and a segment they map is not an orphan yet; what they map
     meanwhile is added to ``seen``), then end those still running (an actor killed
     outright, as Ray's memory monitor kills, leaves vLLM's engine core and workers with
-    nobody to serve, holding the KV cache's memory and the segments: SIGTERM, then SIGKILL),
+    nobody to serve, holding the KV cache's memory and the segments: SIGTERM, then SIGKILL
+    after ``term_wait`` s),
     then remove the segments of ``seen`` that no process maps any more (waiting up to 30 s
     for processes that are exiting to unmap them; what still maps one then is logged), and
     the directories ``dirs``."""
@@ -278,7 +280,7 @@ def clean_after(
     while _alive(members) and time.monotonic() < deadline:
         seen |= _mapped_by(_running(members))
         time.sleep(poll)
-    for signum, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+    for signum, wait in ((signal.SIGTERM, term_wait), (signal.SIGKILL, 5.0)):
         if not _alive(members):
             break
         log.info("sending %s to %s", signal.Signals(signum).name, _running(members))
