@@ -3,6 +3,7 @@ one namespace, detached, asking for no CPU; the one of that name if it runs."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 NAMESPACE = "ray_stream_llm"
@@ -12,13 +13,11 @@ def library_actor(cls: type, name: str, node: str | None = None, **options: Any)
     """``cls`` as the library's actor ``name``, ready for ``.remote(...)``: detached, in
     :data:`NAMESPACE`, ``num_cpus=0``, the running one of that name if there is one; with
     ``node``, pinned to that node (not elsewhere if it is gone). ``options``: Ray's others."""
-    import ray
-
     if node is not None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
-    return ray.remote(cls).options(
+    return _actor_class(cls).options(
         name=name,
         namespace=NAMESPACE,
         lifetime="detached",
@@ -26,3 +25,10 @@ def library_actor(cls: type, name: str, node: str | None = None, **options: Any)
         num_cpus=0,
         **options,
     )
+
+
+@functools.cache
+def _actor_class(cls: type) -> Any:
+    import ray
+
+    return ray.remote(cls)

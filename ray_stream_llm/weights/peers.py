@@ -34,7 +34,6 @@ keeps its marker, so its server serves, and the directory lives, until it is rem
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import logging
@@ -219,7 +218,6 @@ class Server:
         ray.actor.exit_actor()
 
 
-@functools.cache
 def cluster_nodes() -> int:
     import ray
 
