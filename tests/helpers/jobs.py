@@ -23,10 +23,7 @@ def share_model_records(work: Path, records: Path) -> None:
     """``work/home`` (a job's fresh HOME) gets vLLM's model-class records ``records``
     (conftest's ``vllm_modelinfos``, shared by the session's jobs), as a job on a node
     where vLLM ran before has them: its engines skip the 7.6 s (CPU) inspection subprocess."""
-    cache = work / "home" / ".cache" / "vllm"
-    cache.mkdir(parents=True, exist_ok=True)
-    if not (cache / "modelinfos").is_symlink():
-        (cache / "modelinfos").symlink_to(records, target_is_directory=True)
+    _link(work / "home" / ".cache" / "vllm" / "modelinfos", records)
 
 
 COMPILED = Path(".cache", "vllm", "torch_compile_cache")  # under a HOME
@@ -36,10 +33,13 @@ def share_compiled_code(work: Path, compiled: Path) -> None:
     """``work/home`` (a job's fresh HOME) gets vLLM's compiled code ``compiled`` (conftest's
     ``vllm_compiled``, shared by the session's jobs), as a job on a node where the same
     model ran before has it: its engines load the code instead of compiling it."""
-    link = work / "home" / COMPILED
+    _link(work / "home" / COMPILED, compiled)
+
+
+def _link(link: Path, target: Path) -> None:
     link.parent.mkdir(parents=True, exist_ok=True)
     if not link.is_symlink():
-        link.symlink_to(compiled, target_is_directory=True)
+        link.symlink_to(target, target_is_directory=True)
 
 
 # the session's one job on the sharded tiny model (tests/conftest.py: sharded_job)

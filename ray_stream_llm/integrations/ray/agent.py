@@ -105,17 +105,15 @@ class NodeAgent:
         raylet = psutil.Process(os.getppid())  # this worker's: it ends with its Ray
         # What the engine's tree maps as it asks is in the record before the answer: a Ray
         # shut down at once after the engine's start must not find the record empty.
-        members, seen = shm.snapshot(pid)
-        state = {
+        state: dict[str, Any] = {
             "pid": pid,
             "started": psutil.Process(pid).create_time(),
             "raylet": [raylet.pid, raylet.create_time()],
             "since": since,
             "dirs": dirs,
             "log": log,
-            "members": {str(p): t for p, t in members.items()},
-            "seen": sorted(seen),
         }
+        _set_tree(state, *shm.snapshot(pid))
         record = self._records / f"{pid}-{state['started']}.json"
         with self._lock:  # taken, or refused, before retire_when_idle can decide
             if self._retiring:
@@ -163,14 +161,12 @@ class NodeAgent:
         log = _engine_log(state["log"], pid)
 
         def keep(members: dict[int, float], seen: set[str]) -> None:
-            state["members"] = {str(p): t for p, t in members.items()}
-            state["seen"] = sorted(seen)
+            _set_tree(state, members, seen)
             write_whole(record, json.dumps(state))
 
         try:
             if shm.is_running(pid, state["started"]):  # watched by an agent before this one
-                members = {int(p): t for p, t in state["members"].items()}
-                seen = set(state["seen"])
+                members, seen = _tree(state)
                 shm.watch(pid, since, dirs, log=log, record=keep, members=members, seen=seen)
             else:  # it ended while no agent ran: what still runs of it is left over
                 members = state["members"]
@@ -237,6 +233,17 @@ def watch_engine(pid: int, since: float, dirs: list[str], log: str | None) -> Wa
     return Watched(pid, since, dirs, log)
 
 
+def _tree(state: dict[str, Any]) -> tuple[dict[int, float], set[str]]:
+    """A record's engine processes (pid and start time) and the segments they mapped."""
+    return {int(p): t for p, t in state["members"].items()}, set(state["seen"])
+
+
+def _set_tree(state: dict[str, Any], members: dict[int, float], seen: set[str]) -> None:
+    """Put ``members`` and ``seen`` in the record ``state`` (JSON: string keys, a list)."""
+    state["members"] = {str(p): t for p, t in members.items()}
+    state["seen"] = sorted(seen)
+
+
 def _finish(
     state: dict[str, Any], grace: float, log: logging.Logger | None = None, **end: float
 ) -> None:
@@ -245,9 +252,10 @@ def _finish(
     (``shm.clean_after``, given ``end``: its ``term_wait`` and ``poll``)."""
     from ray_stream_llm.integrations.vllm import shm
 
-    members = {int(p): t for p, t in state["members"].items()}
-    seen, since, dirs = set(state["seen"]), state["since"], state["dirs"]
-    shm.clean_after(members, seen, since, dirs, grace=grace, log=log or logger, **end)
+    members, seen = _tree(state)
+    shm.clean_after(
+        members, seen, state["since"], state["dirs"], grace=grace, log=log or logger, **end
+    )
 
 
 def finish_orphaned(
