@@ -474,8 +474,8 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Under tests/native_stack.sh: from here to its exit this process alone may dump core (a
-    crash past Python's finalization, where the fault handler prints nothing); the processes
-    it started, all gone by now, never could."""
+    crash in an exit hook, or past Python's finalization where the fault handler prints
+    nothing); the processes it started, all gone by now, never could."""
     if os.environ.get("RSL_TEST_CORE_AT_EXIT") == "1":
         import resource
 

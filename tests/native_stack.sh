@@ -7,7 +7,9 @@
 #
 # Why: twice in CI a Ray 2.54.1 contract run died of SIGSEGV after its summary, past
 # Python's finalization, where the fault handler (PYTHONFAULTHANDLER=1) prints nothing: what
-# crashed is only in native code. The kernel writes the core as ./core (core_pattern "core",
+# crashed is only in native code. Once more (stop 43, the vLLM 0.32 run) this printed it: a
+# thread other than the main one in ray::RayLog::~RayLog. The Makefile's RUN_PYTEST now ends
+# pytest with os._exit after its exit hooks; a crash in a test or an exit hook still prints. The kernel writes the core as ./core (core_pattern "core",
 # the process's working directory): a core found here before COMMAND runs is refused, never
 # overwritten or removed.
 #
