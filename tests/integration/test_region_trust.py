@@ -466,7 +466,9 @@ def test_the_janitor_ends_workers_a_killed_engine_left_running(tmp_path, janitor
     worker = stubborn + _MAPPER.format(name=name)  # never exits by itself
     engine = _engine_with_worker(worker)
     watcher = threading.Thread(
-        target=shm.watch, args=(engine.pid, time.time() - 1, [], 0.05), kwargs={"grace": 1.0}
+        target=shm.watch,
+        args=(engine.pid, time.time() - 1, [], 0.05),
+        kwargs={"grace": 1.0, "term_wait": 1.0},  # the worker ignores SIGTERM: SIGKILL after 1 s
     )
     kid = None
     try:

@@ -225,6 +225,7 @@ def watch(
     poll: float = 0.5,
     grace: float = 60.0,
     *,
+    term_wait: float = 10.0,
     log: logging.Logger | logging.LoggerAdapter[Any] = logger,
     record: Record | None = None,
     members: dict[int, float] | None = None,
@@ -233,7 +234,8 @@ def watch(
     """Watch ``pid`` (an engine actor) and its descendants; once the actor has exited, clean
     up after its processes (:func:`clean_after`). ``record(members, seen)`` is called
     whenever the processes or segments seen grow (the node agent keeps them in a file, for
-    its restarted self); ``members`` and ``seen``: what was seen of them before."""
+    its restarted self); ``members`` and ``seen``: what was seen of them before;
+    ``grace`` and ``term_wait``: :func:`clean_after`'s."""
     members, seen = dict(members or {}), set(seen or ())
     first = True
     while is_running(pid):
@@ -249,7 +251,7 @@ def watch(
         members |= started
         time.sleep(poll)
     log.info("actor %d exited; its processes %s mapped %s", pid, sorted(members), sorted(seen))
-    clean_after(members, seen, since, dirs, poll, grace, log=log)
+    clean_after(members, seen, since, dirs, poll, grace, term_wait=term_wait, log=log)
 
 
 def clean_after(
