@@ -1,6 +1,6 @@
 """The package's shape (issue 10): no import cycle, Ray and vLLM internals only in
 ``integrations/``, tools apart, every directly imported package declared, the public
-names documented."""
+names documented; and the unit tests' shape, the package's own (issue 34)."""
 
 from __future__ import annotations
 
@@ -224,3 +224,19 @@ def test_public_api_is_the_handful_a_user_needs():
     errors = importlib.import_module("ray_stream_llm.errors")
     assert issubclass(errors.NotStreamableError, ray_stream_llm.RayStreamLLMError)
     assert ray_stream_llm.__version__ == importlib.metadata.version("ray-stream-llm")
+
+
+def test_each_unit_test_file_is_named_for_the_module_it_tests():
+    """``tests/unit/<package path>/test_<module>.py`` tests ``ray_stream_llm/<package
+    path>/<module>.py`` (or that package), as Ray's own tree mirrors its code;
+    ``tests/unit/project/`` tests the project as a whole (layout, docs, packaging)."""
+    unit = Path(__file__).resolve().parents[1]
+    stray = []
+    for test in sorted(unit.rglob("test_*.py")):
+        where = test.relative_to(unit)
+        if where.parts[0] == "project":
+            continue
+        module = PACKAGE.joinpath(*where.parts[:-1], where.stem.removeprefix("test_"))
+        if not (module.with_suffix(".py").is_file() or module.is_dir()):
+            stray.append(str(where))
+    assert stray == [], f"unit test files named for no module of the package: {stray}"

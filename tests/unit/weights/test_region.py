@@ -1,22 +1,35 @@
-"""A failed shared pull reaches its waiters as the typed error it was (issue 34): the pull's
-``.failed`` mark records the error's class beside its message, and ``wait_for`` raises the
-library's class (``except ObjectChangedError`` in the engine's process), anything else a
-``RuntimeError`` as before; a mark of an older release (plain text) or an empty one reads
-as it did. The marks are written by the pull's own writer (``_fail``) into a region
-directory made here; the pulls that fail for real are in tests/integration
-(test_region_trust.py, test_gcs.py, test_peers.py, test_node_weights.py)."""
+"""The node's shared region (``ray_stream_llm.weights.region``): its parts that need no
+store and no Ray.
+
+A failed pull's mark: a failed shared pull reaches its waiters as the typed error it was
+(issue 34). The pull's ``.failed`` mark records the error's class beside its message, and
+``wait_for`` raises the library's class (``except ObjectChangedError`` in the engine's
+process), anything else a ``RuntimeError`` as before; a mark of an older release (plain
+text) or an empty one reads as it did. The marks are written by the pull's own writer
+(``_fail``) into a region directory made here; the pulls that fail for real are in
+tests/integration (test_region_trust.py, test_gcs.py, test_peers.py, test_node_weights.py).
+
+The pull record: a region's ``.pull.json`` is written just after its last file is whole, so
+a reader that saw every file can come first (CI's clean-clone run c11 failed
+test_peers::test_a_node_added_after_the_others_filled_fills_from_a_peer that way):
+``finished_pull`` waits while the pull still holds its lock and returns the record, and
+returns at once where no pull holds it. The pulls that write records for real are in
+tests/integration (test_node_weights.py, test_peers.py)."""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from ray_stream_llm.errors import ModelNotFoundError, ObjectChangedError, RayStreamLLMError
+from ray_stream_llm.files import try_locked, write_whole
 from ray_stream_llm.weights import region as node_weights
 from ray_stream_llm.weights.marks import CREATED, FAILED, failure
-from ray_stream_llm.weights.region import pull_error, wait_for
+from ray_stream_llm.weights.region import finished_pull, pull_error, pull_status, wait_for
 
 NAME = "model.safetensors"
 PREFIX = "the shared pull of the weights failed: "
@@ -95,3 +108,26 @@ def test_an_older_or_empty_mark_reads_as_before(region, text, expected):
 
 def test_no_mark_is_no_error(region):
     assert failure(region) is None and pull_error(region) is None
+
+
+# --- the pull record
+def test_a_reader_before_the_record_gets_it_once_the_pull_ends(tmp_path: Path):
+    pull = try_locked(tmp_path / ".pull.lock")  # the pull, writing its last file
+    assert pull is not None
+    got: dict = {}
+    reader = threading.Thread(target=lambda: got.update(status=finished_pull(tmp_path)))
+    reader.start()
+    reader.join(timeout=1.0)
+    assert reader.is_alive() and not got  # no record yet, the pull still runs: it waits
+    record = {"source": "store", "bytes": 16}
+    write_whole(tmp_path / ".pull.json", json.dumps(record))
+    pull.release()
+    reader.join(timeout=30)
+    assert not reader.is_alive() and got["status"] == record
+
+
+def test_no_pull_and_no_record_is_none_at_once(tmp_path: Path):
+    started = time.monotonic()
+    assert finished_pull(tmp_path, timeout=30) is None  # the pull failed, or never ran
+    assert time.monotonic() - started < 5
+    assert pull_status(tmp_path) is None
