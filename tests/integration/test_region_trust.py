@@ -310,6 +310,11 @@ def _engine_with_worker(worker: str, then: str = "") -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
 
 
+def _until(path: Path) -> str:
+    """A worker's statement: wait until ``path`` exists (the test's signal to go on)."""
+    return f"while not os.path.exists({str(path)!r}): time.sleep(0.02)"
+
+
 @pytest.fixture
 def janitor_saw(monkeypatch: pytest.MonkeyPatch) -> set[str]:
     """The segments the janitor's own polls have recorded so far (its ``_mapped_by``, the
@@ -402,7 +407,8 @@ def test_the_janitor_waits_for_workers_that_outlive_the_engine(
     segments left that way): the janitor waits for every process of the engine's tree, then
     removes what they mapped."""
     name = f"psm_rsl{uuid.uuid4().hex[:8]}late"
-    worker = _MAPPER.format(name=name).replace("time.sleep(600)", "time.sleep(7)")
+    release = tmp_path / "release"  # the worker exits once it exists
+    worker = _MAPPER.format(name=name).replace("time.sleep(600)", _until(release))
     engine = _engine_with_worker(worker)
     watcher = threading.Thread(target=shm.watch, args=(engine.pid, time.time() - 1, [], 0.05))
     try:
@@ -416,6 +422,7 @@ def test_the_janitor_waits_for_workers_that_outlive_the_engine(
         after = len(janitor_checks)
         wait_until(lambda: len(janitor_checks) >= after + 3, 30, "the janitor stopped looking")
         assert Path(f"/dev/shm/{name}").exists() and watcher.is_alive()  # still mapped: kept
+        release.touch()
         watcher.join(timeout=30)
         assert not watcher.is_alive()
         assert not psutil.pid_exists(int(kid)) or psutil.Process(int(kid)).status() == "zombie"
@@ -431,10 +438,11 @@ def test_the_janitor_removes_what_a_worker_maps_after_the_engine_died(tmp_path, 
     only while the actor lived, and removes it too."""
     tag = uuid.uuid4().hex[:8]
     first, later = f"psm_rsl{tag}first", f"psm_rsl{tag}later"
+    go, end = tmp_path / "map-later", tmp_path / "end"  # the worker's cues, from the test
     # the second mapping prints nothing: the engine reading the worker's output is gone
     then = _MAPPER.format(name=later).replace('print("mapped", flush=True)', "")
     worker = _MAPPER.format(name=first).replace(
-        "time.sleep(600)", "time.sleep(2)\n" + then.replace("time.sleep(600)", "time.sleep(2)")
+        "time.sleep(600)", _until(go) + "\n" + then.replace("time.sleep(600)", _until(end))
     )
     engine = _engine_with_worker(worker)
     watcher = threading.Thread(target=shm.watch, args=(engine.pid, time.time() - 1, [], 0.05))
@@ -446,9 +454,12 @@ def test_the_janitor_removes_what_a_worker_maps_after_the_engine_died(tmp_path, 
         engine.send_signal(signal.SIGKILL)  # the actor dies before its worker maps `later`
         engine.wait()
         assert later not in janitor_saw
+        go.touch()  # the worker, outliving the actor, maps `later`
+        wait_until(lambda: later in janitor_saw, 30, "the janitor never saw the later segment")
+        assert watcher.is_alive()  # seen while the worker outlived the actor
+        end.touch()
         watcher.join(timeout=60)
         assert not watcher.is_alive()
-        assert later in janitor_saw  # seen while the worker outlived the actor
         assert not Path(f"/dev/shm/{first}").exists() and not Path(f"/dev/shm/{later}").exists()
     finally:
         engine.kill()
