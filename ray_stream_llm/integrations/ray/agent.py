@@ -89,7 +89,7 @@ class NodeAgent:
                 if raylet[0] != os.getppid() and shm.is_running(*raylet):
                     continue  # another running Ray's engine: its own agent watches it
                 with self._lock:
-                    thread = self._thread(record, state)
+                    thread = self._thread(record, state, left=True)
                 thread.start()
         threading.Thread(
             target=self._retire_when_idle, args=(IDLE_S,), name="retire", daemon=True
@@ -119,7 +119,7 @@ class NodeAgent:
             if self._retiring:
                 return False
             write_whole(record, json.dumps(state))
-            thread = self._thread(record, state)
+            thread = self._thread(record, state, left=False)
         thread.start()
         return True
 
@@ -145,16 +145,19 @@ class NodeAgent:
                     break
         ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
-    def _thread(self, record: Path, state: dict[str, Any]) -> threading.Thread:
+    def _thread(self, record: Path, state: dict[str, Any], *, left: bool) -> threading.Thread:
         """The thread that watches (or finishes) the engine of ``state``, registered, not yet
-        started (the caller holds the lock)."""
+        started (the caller holds the lock); ``left``: the record is an earlier agent's."""
         thread = threading.Thread(
-            target=self._run, args=(record, state), name=f"engine-{state['pid']}", daemon=True
+            target=self._run,
+            args=(record, state, left),
+            name=f"engine-{state['pid']}",
+            daemon=True,
         )
         self._watching[state["pid"]] = thread
         return thread
 
-    def _run(self, record: Path, state: dict[str, Any]) -> None:
+    def _run(self, record: Path, state: dict[str, Any], left: bool) -> None:
         from ray_stream_llm.integrations.vllm import shm
 
         pid, since, dirs = state["pid"], state["since"], state["dirs"]
@@ -165,7 +168,9 @@ class NodeAgent:
             write_whole(record, json.dumps(state))
 
         try:
-            if shm.is_running(pid, state["started"]):  # watched by an agent before this one
+            # this agent's own engine is watched even if it has just died (killed as its start
+            # returned, before this thread ran: CI saw that), as is an earlier agent's that runs
+            if not left or shm.is_running(pid, state["started"]):
                 members, seen = _tree(state)
                 shm.watch(pid, since, dirs, log=log, record=keep, members=members, seen=seen)
             else:  # it ended while no agent ran: what still runs of it is left over
