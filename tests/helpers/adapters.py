@@ -11,6 +11,7 @@ import json
 import uuid
 from pathlib import Path
 
+from helpers.jobs import store_through
 from helpers.models import LLAMA_SHAPE
 from ray_stream_llm.tools.localstore import LocalS3Server
 
@@ -88,9 +89,4 @@ def store_fields(server: LocalS3Server) -> dict[str, str]:
     """The server as a user's ObjectStoreConfig names it: ``localhost`` (path-style
     addressing derived by this library; a plain boto3 client would address
     ``models.localhost``, which does not resolve)."""
-    return {
-        "endpoint_url": f"http://localhost:{server.port}",
-        "region_name": server.region,
-        "aws_access_key_id": server.access_key_id,
-        "aws_secret_access_key": server.secret_access_key,
-    }
+    return store_through(server, f"http://localhost:{server.port}")

@@ -195,10 +195,11 @@ def metric(metrics: dict[str, float], name: str, model: str) -> float:
     return value
 
 
-def store_through(server: LocalS3Server, endpoint: str) -> dict[str, str]:
-    """ObjectStoreConfig fields for ``server`` reached at ``endpoint`` (a proxy in front)."""
+def store_through(server: LocalS3Server, endpoint: str | None = None) -> dict[str, str]:
+    """ObjectStoreConfig fields for ``server``, reached at its own endpoint or at ``endpoint``
+    (a proxy in front, or the server under another host name): the tests' one store builder."""
     return {
-        "endpoint_url": endpoint,
+        "endpoint_url": endpoint or server.endpoint_url,
         "region_name": server.region,
         "aws_access_key_id": server.access_key_id,
         "aws_secret_access_key": server.secret_access_key,

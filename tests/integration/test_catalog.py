@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from helpers.adapters import make_adapter, upload_adapters
+from helpers.jobs import store_through
 from helpers.paths import REPO
 
 from ray_stream_llm import (
@@ -175,14 +176,7 @@ def _closed_port() -> str:
 
 
 def _good(server, **overrides):
-    fields = dict(
-        endpoint_url=server.endpoint_url,
-        region_name=server.region,
-        aws_access_key_id=server.access_key_id,
-        aws_secret_access_key=server.secret_access_key,
-    )
-    fields.update(overrides)
-    return ObjectStoreConfig(**fields)
+    return ObjectStoreConfig(**{**store_through(server), **overrides})
 
 
 STREAM = {"load_format": "runai_streamer"}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from helpers.jobs import store_through
 
 
 @pytest.mark.s3
@@ -20,12 +21,7 @@ def test_the_resume_record_in_a_store_prefix_and_a_shared_dir(s3_server, no_aws_
     from ray_stream_llm.commands.batch import InputError, ResumeLog, keyed_input
     from ray_stream_llm.stores.settings import ObjectStoreConfig
 
-    store = ObjectStoreConfig(
-        endpoint_url=s3_server.endpoint_url,
-        region_name=s3_server.region,
-        aws_access_key_id=s3_server.access_key_id,
-        aws_secret_access_key=s3_server.secret_access_key,
-    )
+    store = ObjectStoreConfig(**store_through(s3_server))
     prefix = f"s3://models/resume-record/{uuid.uuid4().hex[:8]}/"
     for location, object_store in ((prefix, store), (str(tmp_path / "record"), None)):
         log = ResumeLog(location, object_store)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.jobs import store_through
 
 from ray_stream_llm import fetch_model_metadata
 from ray_stream_llm.errors import AccessDeniedError, MissingBackendError
@@ -19,14 +20,8 @@ pytestmark = [pytest.mark.s3]
 
 
 def _store(server, host="127.0.0.1", **overrides):
-    fields = dict(
-        endpoint_url=server.endpoint_url.replace("127.0.0.1", host),
-        region_name=server.region,
-        aws_access_key_id=server.access_key_id,
-        aws_secret_access_key=server.secret_access_key,
-    )
-    fields.update(overrides)
-    return ObjectStoreConfig(**fields)
+    endpoint = server.endpoint_url.replace("127.0.0.1", host)
+    return ObjectStoreConfig(**{**store_through(server, endpoint), **overrides})
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
@@ -156,12 +151,7 @@ def test_builds_inside_a_ray_job_whose_runtime_env_sets_the_same_variable(s3_ser
     import tempfile
 
     work = tempfile.mkdtemp(prefix="rsl-job-", dir="/tmp")  # short: Ray socket paths
-    store = {
-        "endpoint_url": s3_server.endpoint_url,
-        "region_name": s3_server.region,
-        "aws_access_key_id": s3_server.access_key_id,
-        "aws_secret_access_key": s3_server.secret_access_key,
-    }
+    store = store_through(s3_server)
     env = {
         "PATH": os.environ["PATH"],
         "HOME": work,

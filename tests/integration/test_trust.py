@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from helpers.emulators import AZURITE_ACCOUNT, AZURITE_KEY
+from helpers.jobs import store_through
 from helpers.links import TappedLink
 from helpers.models import list_files
 from helpers.s3log import AccessLog, copy_model, prefix_of
@@ -266,14 +267,7 @@ def _threads_store(s3_server, n: int, endpoint: str | None = None, **fields) -> 
             client.put_object(
                 Bucket=uri.bucket, Key=uri.key(f"part-{i:04d}.bin"), Body=bytes([i % 251]) * 4096
             )
-    store = ObjectStoreConfig(
-        endpoint_url=endpoint or s3_server.endpoint_url,
-        aws_access_key_id=s3_server.access_key_id,
-        aws_secret_access_key=s3_server.secret_access_key,
-        region_name=s3_server.region,
-        **fields,
-    )
-    return uri, store
+    return uri, ObjectStoreConfig(**store_through(s3_server, endpoint), **fields)
 
 
 def test_store_calls_start_no_thread_of_their_own(s3_server, no_aws_env, monkeypatch):
