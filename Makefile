@@ -16,8 +16,8 @@ CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/nul
 # pytest, then its process's exit hooks in their order (Ray's shutdown, the library's,
 # logging's), then os._exit: the test process skips Python's and Ray's native teardown. A
 # process that ran a local Ray keeps Ray's OpenCensus stats harvester thread after
-# ray.shutdown() (gdb, Ray 2.60: opencensus::stats::DeltaProducer::RunHarvesterLoop); twice
-# in ~30 CI runs a test process died of SIGSEGV after its summary, once with its stack in
+# ray.shutdown() (gdb, Ray 2.60: opencensus::stats::DeltaProducer::RunHarvesterLoop); three times
+# in ~30 CI runs a test process died of SIGSEGV after its summary, the last with its stack in
 # ray::RayLog::~RayLog on a thread other than the main one (tests/native_stack.sh printed it;
 # stop 43, the vLLM 0.32 run). The tests' checks are done by then; the drivers the tests
 # start (jobs, notebooks, examples) exit as a user's do.
@@ -185,7 +185,7 @@ test-slow: setup
 # with the checkout (--on-wheel fails a run that imports the checkout).
 # Each run goes through tests/native_stack.sh: a crash of pytest (in a test or in an exit
 # hook) prints every thread's native stack (its engines, workers and Ray's processes never
-# dump core); RUN_PYTEST skips the native teardown where Ray crashed twice.
+# dump core); RUN_PYTEST skips the native teardown where Ray crashed three times.
 T := $(CURDIR)/tests
 ON_WHEEL = mkdir -p build/on-wheel && cd build/on-wheel && $(T)/native_stack.sh
 CONTRACT := $(T)/unit/integrations/vllm/test_loader.py $(T)/integration/test_loader_report.py \
