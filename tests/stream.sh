@@ -8,7 +8,7 @@
 #
 # The suite's checks look at machine-wide places: what is new in /tmp and /dev/shm (the
 # leftover check, weight files written outside the work directory, the engines' shared
-# memory), which processes run (the region's reapers, the node agents), and ports are
+# memory), which processes run (the node agents), and ports are
 # chosen free at one moment and bound later. A stream gets its own of each: a private /tmp
 # (a directory under .streams/NAME, on disk), a fresh tmpfs on /dev/shm, its own HOME, its own
 # process table (PID 1 is this script: when it exits, whatever the stream left running ends

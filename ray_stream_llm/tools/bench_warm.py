@@ -61,11 +61,15 @@ def _spec(
 
 
 def _wait_until_no_region(timeout: float = KEEP_WARM_S + 60) -> None:
-    """The kept weights gone (the reaper removes them after ``keep_warm_s``)."""
-    from ray_stream_llm.weights.region import DEFAULT_BASE
+    """The kept weights gone: once their ``keep_warm_s`` is up, the node's next region
+    removes them (a local Ray's agent, their keeper, ended with its driver); here the bench
+    does it (``sweep_regions``) as soon as their time is up."""
+    from ray_stream_llm.weights.region import DEFAULT_BASE, sweep_regions
 
     deadline = time.monotonic() + timeout
-    while any(p.is_file() for p in Path(DEFAULT_BASE).rglob("*")):
+    while sweep_regions(Path(DEFAULT_BASE)) or any(
+        p.is_file() for p in Path(DEFAULT_BASE).rglob("*")
+    ):
         if time.monotonic() > deadline:
             raise RuntimeError(f"the kept weights under {DEFAULT_BASE} outlived keep_warm_s")
         time.sleep(2.0)

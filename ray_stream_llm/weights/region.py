@@ -23,11 +23,14 @@ pulls again); a puller that dies releases its lock, and a waiting engine takes t
 over, resuming each partial file from its recorded prefix. Nothing waits forever.
 
 Clean-up is reference counted: each process adds ``.refs/<pid>-<start time>`` and
-removes it when done; the last one removes the region. A process that is killed
-cannot, so the region's creator starts a detached reaper (``python -m
-ray_stream_llm.weights.region reap <region>``) that removes the region
-once no live process holds a reference, and exits. A region left by a dead job is
-removed by that job's reaper, or reclaimed by the next job that makes the same one.
+removes it when done; the last one removes the region (or keeps it warm for
+``keep_warm_s``). A process that is killed cannot, so every holder hands the region to
+its *keeper* (:class:`NodeWeights`' ``keeper``): in a Ray job the node's agent
+(``integrations/ray/agent.py``, an actor), which runs :func:`reap` until the region is
+gone; outside Ray a thread of the holding process (:func:`reap_in_thread`). A region
+whose keeper ended too (its Ray shut down, its driver killed) is retired by the next
+region made on the node (:func:`sweep_regions`: removed, or kept warm from then on if it
+is whole and its job asked for ``keep_warm_s``) or by the driver's exit (:func:`retire`).
 
 The locks are :func:`ray_stream_llm.files.locked` (its limits are stated there), of the
 local node: regions are per node by design.
@@ -53,7 +56,6 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from ray_stream_llm import errors
-from ray_stream_llm.detached import detach
 from ray_stream_llm.errors import (
     InvalidSettingError,
     ModelNotFoundError,
@@ -217,7 +219,7 @@ def _live_refs(region: Path) -> list[Path]:
 
 @contextlib.contextmanager
 def _locked(region: Path) -> Iterator[None]:
-    """The region's lock, on the region that exists now (re-made if a reaper removed it)."""
+    """The region's lock, on the region that exists now (re-made if its keeper removed it)."""
     while True:
         (region / ".refs").mkdir(parents=True, exist_ok=True)
         try:
@@ -266,8 +268,15 @@ def is_memory_backed(path: Path) -> bool:
 class NodeWeights:
     """A process's use of one region: :meth:`acquire` it, :meth:`release` it."""
 
-    def __init__(self, uri: ModelURI, objects: tuple[ObjectInfo, ...], sharing: Sharing):
+    def __init__(
+        self,
+        uri: ModelURI,
+        objects: tuple[ObjectInfo, ...],
+        sharing: Sharing,
+        keeper: Callable[[Path], None] | None = None,
+    ):
         self.uri = uri
+        self.keeper = keeper or reap_in_thread  # removes the region once no one holds it
         self.objects = objects
         self.sharing = sharing
         self.region = region_for(uri, objects, sharing.base)
@@ -279,8 +288,8 @@ class NodeWeights:
         return sum(o.size for o in self.objects)
 
     def acquire(self) -> str | None:
-        """Hold a reference to the region (made, with its reaper, if new) and start the
-        pull if no one is pulling; return the region's path, or None with the reason
+        """Hold a reference to the region (made if new), hand it to the keeper, and start
+        the pull if no one is pulling; return the region's path, or None with the reason
         logged when sharing cannot fit (``required``: a WeightSharingError)."""
         base = Path(self.sharing.base)
         if self.sharing.base == DEFAULT_BASE and not is_memory_backed(base.parent):
@@ -318,8 +327,7 @@ class NodeWeights:
             start = _proc_start(os.getpid())
             self._ref = self.region / ".refs" / f"{os.getpid()}-{start}"
             self._ref.touch()
-        if created or adopted:
-            _spawn_reaper(self.region)
+        self.keeper(self.region)  # every holder asks: the keeper takes a region once
         start_pull(self.region, self.uri, self.objects)
         return str(self.region)
 
@@ -340,7 +348,7 @@ class NodeWeights:
 
     def release(self) -> None:
         """Drop this process's reference; the last one removes the region, or leaves it
-        warm for ``keep_warm_s`` (its reaper removes it then)."""
+        warm for ``keep_warm_s`` (its keeper removes it then)."""
         ref, self._ref = self._ref, None
         if ref is None:
             return
@@ -790,10 +798,11 @@ def _take_over(region: Path) -> None:
 
 
 def sweep_regions(base: Path, *, keep: Path | None = None, warm_too: bool = False) -> list[Path]:
-    """Remove the regions under ``base`` that no live process references and no one pulls
-    into (left by a job whose reaper died, or under an old Ray node id), except ``keep``
-    and, unless ``warm_too``, those kept warm; the regions removed. Each is checked under
-    its own lock, as its reaper would."""
+    """Retire the regions under ``base`` that no live process references and no one pulls
+    into (left by a job whose keeper ended with it, or under an old Ray node id), except
+    ``keep``: each is removed, or, whole and asked to be kept warm, kept from now on for its
+    ``keep_warm_s`` (:func:`_retire`); with ``warm_too`` (room is needed) removed even then.
+    The regions removed. Each is checked under its own lock, as its keeper would."""
     removed = []
     for region in sorted(base.glob("*/*")):
         if region == keep or not (region / ".lock").is_file():
@@ -801,10 +810,11 @@ def sweep_regions(base: Path, *, keep: Path | None = None, warm_too: bool = Fals
         with _locked(region):
             if _live_refs(region) or not _pull_free(region):
                 continue
-            if _warm(region) and not warm_too:
+            if warm_too:
+                shutil.rmtree(region, ignore_errors=True)
+                _remove_empty_parents(region)
+            elif not _retire(region):
                 continue
-            shutil.rmtree(region, ignore_errors=True)
-            _remove_empty_parents(region)
             removed.append(region)
     if removed:
         logger.info("Removed %d shared region(s) no live process used: %s", len(removed), removed)
@@ -819,13 +829,10 @@ def _warm(region: Path) -> bool:
         return False
 
 
-def _spawn_reaper(region: Path) -> None:
-    detach([sys.executable, "-m", "ray_stream_llm.weights.region", "reap", str(region)])
-
-
 def reap(region: Path, *, grace: float = 2.0, poll: float = 0.5) -> None:
-    """Remove ``region`` once no live process holds a reference for ``grace`` seconds (or,
-    for a region kept warm, once its time is up and no job took it again)."""
+    """Keep ``region`` until it is gone: retire it (:func:`_retire`) once no live process
+    has held a reference or pulled into it for ``grace`` seconds, and, kept warm, remove it
+    once its time is up and no job took it again. The keeper's loop."""
     idle_since: float | None = None
     while region.exists():
         if _live_refs(region) or not _pull_free(region):
@@ -839,12 +846,46 @@ def reap(region: Path, *, grace: float = 2.0, poll: float = 0.5) -> None:
         time.sleep(poll)
 
 
+_reaping: set[Path] = set()
+_reaping_lock = threading.Lock()
+
+
+def reap_in_thread(region: Path) -> None:
+    """The keeper of a process with no node agent (outside Ray: a test, a tool): a daemon
+    thread of this process runs :func:`reap`, once per region. It ends with the process;
+    what it kept is then retired by the node's next region (:func:`sweep_regions`)."""
+
+    def run() -> None:
+        while True:
+            reap(region)
+            with _reaping_lock:  # made again as this thread ended: kept on
+                if not region.exists():
+                    _reaping.discard(region)
+                    return
+
+    with _reaping_lock:
+        if region in _reaping:
+            return
+        _reaping.add(region)
+    threading.Thread(target=run, name="rsl-reap", daemon=True).start()
+
+
+def retire(region: Path, wait: float = 0.0) -> bool:
+    """Retire ``region`` as its keeper would once no live process holds it (waiting up to
+    ``wait`` s for its holders to exit): removed, or kept warm. True when it is gone (or was
+    already); False while it is held, pulled into or kept warm."""
+    deadline = time.monotonic() + wait
+    while region.exists():
+        with _locked(region):
+            if not _live_refs(region) and _pull_free(region):
+                return _retire(region)
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def _remove_empty_parents(region: Path) -> None:
     for parent in (region.parent, region.parent.parent):
         with contextlib.suppress(OSError):
             parent.rmdir()  # only when empty
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "reap":
-        reap(Path(sys.argv[2]))

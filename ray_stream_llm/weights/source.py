@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -139,13 +140,19 @@ class RegionWeights:
             self.node.release()  # the node's last engine removes the region (or keeps it warm)
 
 
-def acquire(uri: ModelURI, fetched: FetchReport, sharing: Sharing | None) -> WeightSource:
+def acquire(
+    uri: ModelURI,
+    fetched: FetchReport,
+    sharing: Sharing | None,
+    keeper: Callable[[Path], None] | None = None,
+) -> WeightSource:
     """The engine's source under the driver's decision: the node's region where it shares
-    and the region can be had, else the store (the report says why). Raises
-    ``WeightSharingError`` where sharing was required (``'node'``) and cannot be had."""
+    and the region can be had (handed to ``keeper``: :class:`NodeWeights`), else the store
+    (the report says why). Raises ``WeightSharingError`` where sharing was required
+    (``'node'``) and cannot be had."""
     if sharing is None or sharing.mode != "node":
         return StoreWeights(uri, fetched)
-    node = NodeWeights(uri, fetched.weight_objects, sharing)
+    node = NodeWeights(uri, fetched.weight_objects, sharing, keeper)
     try:
         region = node.acquire()
     except BaseException:

@@ -124,7 +124,7 @@ def _reads(server: LocalS3Server, prefix: str, since: int) -> set[str]:
 
 
 def _check_clean_disk(work: Path, start: float) -> None:
-    # the node's shared region (the default, in memory) is removed by its reaper about 2 s
+    # the node's shared region (the default, in memory) is removed by its keeper about 2 s
     # after the job's last engine: what is still there after the wait is reported below
     wait_regions_released(start)
     written = weight_files_written([work, Path("/dev/shm")], start)

@@ -148,7 +148,7 @@ def test_a_job_on_three_nodes_reads_the_store_once_and_survives_a_dead_peer(
     reports = out["load_reports"]
     assert len(reports) == 3 and all(r["weight_sharing"] == "node" for r in reports), reports
     assert sorted(r["pull_source"].split()[0] for r in reports) == ["peer", "peer", "store"]
-    # nothing left: regions (run_isolated waited for their reapers), peer actors, segments
+    # nothing left: regions (run_isolated waited for their removal), peer actors, segments
     assert written == {} and out["peer_actors_left"] == [] and out["shm_left"] == [], out[
         "agent_logs"
     ]

@@ -7,8 +7,9 @@ a real local Ray, Ray Data's own job checkpointing (``CheckpointConfig``, Ray >=
   file reads whole (a file the kill cut short is removed by the re-run), the re-run
   writes fewer rows than the input holds, its engine loads the compiled artifact the
   first run shipped to ``compile_cache_uri`` (``compile_cache: hit``), and, with
-  ``keep_warm_s``, the node's copy of the weights that the killed job left (kept warm by its
-  reaper) is adopted by the re-run, which reads no weight byte from the store. Both runs
+  ``keep_warm_s``, the node's copy of the weights that the killed job left (whole, held by
+  no live process, its keeper killed with its Ray) is adopted by the re-run, which keeps it
+  warm from then on and reads no weight byte from the store. Both runs
   on a 2-CPU local Ray: both make progress (the small-cluster defaults leave a CPU for the
   file read and write around the processor, and, on the re-run, for Ray's
   ``CheckpointFilter`` actor).
@@ -38,6 +39,7 @@ from helpers.s3log import BUCKET, AccessLog, prefix_of
 from helpers.waiting import wait_until
 
 from ray_stream_llm.tools.isolated import isolated_env
+from ray_stream_llm.weights import region as node_weights
 
 DRIVER = HELPERS / "resume_job.py"
 FILES, ROWS_PER_FILE = 12, 4
@@ -181,7 +183,7 @@ def kill_at_first_output(
 @pytest.fixture
 def sharing_dir():
     """The jobs' weight_sharing_dir (memory-backed); removed at the end with what a job kept
-    warm in it (its reaper exits once the region is gone)."""
+    warm in it."""
     path = Path("/dev/shm") / f"rsl-resume-{uuid.uuid4().hex[:8]}"
     yield path
     shutil.rmtree(path, ignore_errors=True)
@@ -217,13 +219,10 @@ def test_a_killed_job_resumes_warm_on_two_cpus_and_writes_every_id_once(
     first_files = kill_at_first_output(first, work / "first", work / "output")
     first_gets = weight_gets(first_log, model)
     assert first_gets, "the first run read the weights from the store"
-    # the killed job's engine died with it: its region's reaper (a process of its own
-    # session) keeps the complete copy warm once no live process holds it
-    [region] = wait_until(
-        lambda: kept_warm(sharing_dir),
-        60,
-        lambda: f"nothing kept warm: {list(sharing_dir.rglob('*'))}",
-    )
+    # the killed job's engine, and its node's agent (the region's keeper), died with it:
+    # its complete copy of the weights is left, which the re-run finds
+    [region] = [r for r in sharing_dir.glob("*/*") if node_weights.objects_of(r)]
+    assert all(node_weights.done(region, o.path) for o in node_weights.objects_of(region))
 
     log = AccessLog(s3_server)
     second = start_job(
@@ -245,7 +244,8 @@ def test_a_killed_job_resumes_warm_on_two_cpus_and_writes_every_id_once(
     [report] = json.loads((work / "second" / "report.json").read_text())
     assert report["compile_cache"] == "hit", report["line"]
     # the re-run's engine streamed the whole model from the node's region, which it adopted
-    # (the same weights, moved from the killed Ray session's node id to this one's) ...
+    # (the same weights, moved from the killed Ray session's node id to this one's) and
+    # kept warm for its keep_warm_s once it ended (its driver's exit retired it) ...
     assert report["weight_sharing"] == "node", report["line"]
     weights = sum(f.stat().st_size for f in tiny_models["single"].local.glob("*.safetensors"))
     assert report["weight_bytes"] == weights, report["line"]

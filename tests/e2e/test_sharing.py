@@ -20,9 +20,7 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import psutil
 import pytest
-from helpers.janitors import reapers
 from helpers.jobs import SHARDED_MAX_TOKENS, SHARDED_QUESTIONS, run_isolated, store_through
 from helpers.links import TappedLink
 from helpers.s3log import AccessLog, copy_model, prefix_of
@@ -68,11 +66,11 @@ def _tmp_entries() -> dict[str, bool]:
 
 
 def _nothing_left() -> None:
-    """No region, lock or reaper of the node's pull, and no engine IPC directory in /tmp."""
+    """No region or lock of the node's pull, and no engine IPC directory in /tmp."""
 
-    def left() -> tuple[list[Path], list[psutil.Process], list[str]]:
+    def left() -> tuple[list[Path], list[str]]:
         regions = list(Path(DEFAULT_BASE).rglob("*")) if Path(DEFAULT_BASE).exists() else []
-        return regions, reapers(), [n for n in os.listdir("/tmp") if n.startswith("rsl-rpc-")]
+        return regions, [n for n in os.listdir("/tmp") if n.startswith("rsl-rpc-")]
 
     wait_until(lambda: not any(left()), 30, lambda: repr(left()), poll=0.5)
 

@@ -54,8 +54,8 @@ SHARDED_MAX_TOKENS = 4
 
 def wait_regions_released(since: float, timeout: float = 30.0) -> None:
     """Wait (up to ``timeout`` s) until the node's shared regions the job made are gone:
-    their reaper removes one within about 2 s of the job's last process (docs/sharing.md),
-    which can be after the job's driver has returned. What is still there after that is
+    the node's agent removes one within about 2 s of the job's last holder (docs/sharing.md),
+    or the driver's exit does, which can be after the job's driver has returned. What is still there after that is
     left behind, and the caller's walk of /dev/shm reports it."""
     from ray_stream_llm.weights.region import DEFAULT_BASE
 

@@ -48,16 +48,22 @@ _ENGINE = textwrap.dedent("""
 
     @ray.remote(num_cpus=0)
     class Engine:
-        def start(self, name, dirs):
-            from ray_stream_llm.integrations.ray.agent import watch_engine
+        def start(self, name, dirs, base):
+            from ray_stream_llm.integrations.ray.agent import keep_region, watch_engine
             from ray_stream_llm.integrations.vllm.shm import janitor_log
+            from ray_stream_llm.uri import parse_model_uri
+            from ray_stream_llm.weights.region import NodeWeights, Sharing
             since = time.time() - 1.0
             self.kid = subprocess.Popen([sys.executable, "-c", MAPPER.format(name=name)],
                                         stdout=subprocess.PIPE)
             assert self.kid.stdout.readline().strip() == b"mapped"
             log = janitor_log(os.getpid())
             watch_engine(os.getpid(), since, dirs, log).confirm()
-            return os.getpid(), self.kid.pid, log
+            # a region of the node's shared weights (of no object: nothing to pull), held by
+            # this actor and handed to the agent, as an engine's is
+            self.weights = NodeWeights(parse_model_uri("s3://models/agent"), (),
+                                       Sharing("node", base=base), keep_region)
+            return os.getpid(), self.kid.pid, log, self.weights.acquire()
 """)
 
 
@@ -67,22 +73,23 @@ def _driver(body: str) -> str:
 
 
 _KILL = _driver("""
-    name, rpc_dir, temp = sys.argv[1:4]
+    name, rpc_dir, temp, base = sys.argv[1:5]
     ray.init(num_cpus=1, include_dashboard=False, _temp_dir=temp)
 
     def agents():
         return [p for p in psutil.process_iter(["cmdline"])
                 if "ray::NodeAgent" in " ".join(p.info["cmdline"] or [])]
 
-    actor, kid, log = ray.get(Engine.remote().start.remote(name, [rpc_dir]))
+    actor, kid, log, region = ray.get(Engine.remote().start.remote(name, [rpc_dir], base))
     before = {"segment": os.path.exists("/dev/shm/" + name), "kid": psutil.pid_exists(kid),
-              "agents": len(agents())}
+              "agents": len(agents()), "region": os.path.isdir(region)}
     os.kill(actor, signal.SIGKILL)
     killed = time.monotonic()
 
     def clean():
         gone = not psutil.pid_exists(kid) or psutil.Process(kid).status() == "zombie"
-        return gone and not os.path.exists("/dev/shm/" + name) and not os.path.exists(rpc_dir)
+        return (gone and not os.path.exists("/dev/shm/" + name) and not os.path.exists(rpc_dir)
+                and not os.path.exists(region))
 
     while not clean() and time.monotonic() - killed < 20:
         time.sleep(0.05)
@@ -102,6 +109,7 @@ def test_a_killed_engines_leftovers_are_gone_within_20_s_and_the_agent_then_ends
     import subprocess
 
     name = f"psm_rsl{uuid.uuid4().hex[:8]}agent"
+    base = work / "regions"
     rpc_dir = work / "rsl-rpc-engine"
     rpc_dir.mkdir()
     script = work / "kill.py"
@@ -109,7 +117,7 @@ def test_a_killed_engines_leftovers_are_gone_within_20_s_and_the_agent_then_ends
     env = {**os.environ, "RAY_TMPDIR": str(work), **ray_env}
     try:
         done = subprocess.run(
-            [sys.executable, str(script), name, str(rpc_dir), str(work / "ray")],
+            [sys.executable, str(script), name, str(rpc_dir), str(work / "ray"), str(base)],
             capture_output=True,
             text=True,
             timeout=180,
@@ -117,8 +125,9 @@ def test_a_killed_engines_leftovers_are_gone_within_20_s_and_the_agent_then_ends
         )
         assert done.returncode == 0, done.stderr[-3000:]
         out = json.loads(done.stdout.strip().splitlines()[-1])
-        assert out["before"] == {"segment": True, "kid": True, "agents": 1}, out
-        assert out["clean_s"] is not None, out["log"]  # within 20 s of the SIGKILL
+        assert out["before"] == {"segment": True, "kid": True, "agents": 1, "region": True}
+        # within 20 s of the SIGKILL: its processes, segment, directory and region
+        assert out["clean_s"] is not None, (out["log"], list(base.rglob("*")))
         print(f"\nclean {out['clean_s']:.1f} s after the SIGKILL")
         actor = out["actor"]
         assert f"actor {actor} exited" in out["log"] and name in out["log"], out["log"]
@@ -126,6 +135,7 @@ def test_a_killed_engines_leftovers_are_gone_within_20_s_and_the_agent_then_ends
         assert not list(agent_module.state_dir().glob(f"{actor}-*.json"))  # its record
         assert out["agent_left"] == 0  # the idle agent ended itself
         assert not Path(f"/dev/shm/{name}").exists()
+        assert not list(base.rglob("*")), list(base.rglob("*"))  # nor an empty directory
     finally:
         Path(f"/dev/shm/{name}").unlink(missing_ok=True)
 
@@ -171,14 +181,14 @@ def test_a_new_agent_finishes_what_a_killed_one_left(local_ray, tmp_path):
 _SCRIPT = _driver("""
     from ray_stream_llm.integrations.ray.agent import finish_at_exit_of_this_process
 
-    name, explicit, temp = sys.argv[1], sys.argv[2] == "explicit", sys.argv[3]
+    name, explicit, temp, base = sys.argv[1], sys.argv[2] == "explicit", *sys.argv[3:5]
     finish_at_exit_of_this_process()  # what the processor's build does on the driver
     ray.init(num_cpus=1, include_dashboard=False, _temp_dir=temp)
     from ray_stream_llm.integrations.ray.agent import state_dir
 
-    actor, kid, _ = ray.get(Engine.remote().start.remote(name, []))
+    actor, kid, _, region = ray.get(Engine.remote().start.remote(name, [], base))
     record, = state_dir().glob(f"{actor}-*.json")  # as the engine's start returned
-    print(json.dumps([actor, kid, json.loads(record.read_text())["seen"]]), flush=True)
+    print(json.dumps([actor, kid, json.loads(record.read_text())["seen"], region]), flush=True)
     if explicit:
         ray.shutdown()  # the user's own, before the script ends
 """)
@@ -199,16 +209,18 @@ def test_a_local_rays_end_leaves_no_segment_of_its_engines(work, ending):
     env = {**os.environ, "RAY_TMPDIR": str(work)}
     try:
         done = subprocess.run(
-            [sys.executable, str(script), name, ending, str(work / "ray")],
+            [sys.executable, str(script), name, ending, str(work / "ray"), str(work / "base")],
             capture_output=True,
             text=True,
             timeout=180,
             env=env,
         )
         assert done.returncode == 0, done.stderr[-3000:]
-        actor, kid, recorded = json.loads(done.stdout.strip().splitlines()[-1])
+        actor, kid, recorded, region = json.loads(done.stdout.strip().splitlines()[-1])
         assert recorded == [name]  # in the record before the engine's start returned
         assert not Path(f"/dev/shm/{name}").exists()
+        # the engine's region, which the agent kept: retired at the driver's exit
+        assert Path(region).parent.parent == work / "base" and not Path(region).exists()
         assert not psutil.pid_exists(kid) or psutil.Process(kid).status() == "zombie"
         assert not list(agent_module.state_dir().glob(f"{actor}-*.json"))
     finally:

@@ -9,11 +9,11 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pytest
-from helpers.janitors import reapers
 from helpers.s3log import AccessLog, copy_model, prefix_of
 from helpers.waiting import wait_until
 
@@ -39,12 +39,7 @@ def base(tmp_path_factory):
 
 
 def _wait_gone(region: Path, timeout: float = 20.0) -> None:
-    wait_until(
-        lambda: not region.exists() and not reapers(region),
-        timeout,
-        lambda: repr((region.exists(), reapers(region))),
-        poll=0.2,
-    )
+    wait_until(lambda: not region.exists(), timeout, f"{region} is still there", poll=0.2)
 
 
 def _weights(s3_server, tiny_models, name):
@@ -113,7 +108,8 @@ def test_one_pull_each_range_once_and_files_equal(s3_server, s3_env, tiny_models
         prefix + o.path: math.ceil(o.size / node_weights.CHUNK) for o in objects
     }
     assert node_weights.finished_pull(region)["bytes"] == sum(o.size for o in objects)
-    assert reapers(region)  # the detached reaper watches the region
+    # its keeper: outside Ray, a thread of the holding process (in Ray, the node's agent)
+    assert "rsl-reap" in [t.name for t in threading.enumerate()]
     weights.release()  # the last reference: the region goes
     _wait_gone(region)
     assert not base.exists() or not any(base.rglob("*"))
@@ -156,7 +152,9 @@ def test_two_processes_share_one_pull(s3_server, s3_env, tiny_models, base):
     _wait_gone(region)
 
 
-def test_a_killed_holder_leaves_nothing_behind(s3_server, s3_env, tiny_models, base):
+def test_a_killed_holders_region_is_removed_by_its_keeper(s3_server, s3_env, tiny_models, base):
+    """The holder is SIGKILLed: the region's keeper (the node's agent in a Ray job:
+    tests/integration/test_agent.py; here this process) removes it."""
     model, uri, objects = _weights(s3_server, tiny_models, "share-killed")
     code = textwrap.dedent(f"""
         from ray_stream_llm.fetch import fetch_metadata_report
@@ -171,12 +169,12 @@ def test_a_killed_holder_leaves_nothing_behind(s3_server, s3_env, tiny_models, b
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     region = Path(proc.stdout.readline().strip())
     assert region.exists()
-    # the reaper is a detached process: on a loaded machine (CI's two streams) it may not
-    # have started its own program yet when acquire() returns
-    wait_until(lambda: reapers(region), 60, f"no reaper for {region}", poll=0.1)
+    keeper = threading.Thread(target=node_weights.reap, args=(region,), kwargs={"poll": 0.1})
+    keeper.start()
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    _wait_gone(region)  # the reaper removed the region, then exited
+    keeper.join(timeout=20)
+    assert not keeper.is_alive() and not region.exists()
 
 
 def test_a_dead_puller_is_taken_over(s3_server, s3_env, tiny_models, base):

@@ -269,7 +269,7 @@ def test_the_pull_has_a_connection_per_worker_and_a_budget_for_its_size(s3_env, 
 def test_regions_no_live_process_uses_are_swept_at_the_next_start(
     s3_server, s3_env, tiny_models, base
 ):
-    """A job killed with its reaper leaves a region under a node id no one uses any more:
+    """A job killed with its keeper leaves a region under a node id no one uses any more:
     the next region made on the node removes it; one still held is kept."""
     left = base / "old-node-id" / "0123456789abcdef"
     (left / ".refs").mkdir(parents=True)

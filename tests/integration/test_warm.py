@@ -1,5 +1,6 @@
 """A node's weights kept warm between jobs (issue 20, item 5), without Ray: against the real
-S3 server, measured by its access log, the region's files and its reaper process."""
+S3 server, measured by its access log and the region's files (kept by a thread of the
+holding process, the keeper outside Ray)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.janitors import reapers
 from helpers.s3log import AccessLog, copy_model, prefix_of
 from helpers.waiting import wait_until
 
@@ -53,9 +53,8 @@ def test_the_next_job_streams_warm_weights_and_reads_no_weight_byte(
     region = _job(model.uri, objects, base, keep_warm_s=60)
     assert len(_weight_gets(log, model.uri)) == len(objects)  # the first job pulled
     # the last engine is gone: the region stays, complete, with its deadline (set at once,
-    # or by the reaper once the pull's thread has let its lock go) and its reaper
+    # or by its keeper once the pull's thread has let its lock go)
     wait_until((region / node_weights.WARM_UNTIL).exists, 30, "never kept warm")
-    assert reapers(region)
     assert all(node_weights.done(region, o.path) for o in objects)
 
     log = AccessLog(s3_server)
@@ -72,7 +71,7 @@ def test_the_next_job_streams_warm_weights_and_reads_no_weight_byte(
 def test_warm_weights_are_removed_when_their_time_is_up(s3_server, s3_env, tiny_models, base):
     """Kept for keep_warm_s after the last engine, not less (the deadline the region records
     is that long after the release, and the region is there until it), removed after it
-    (not much later: the reaper polls), its reaper gone too."""
+    (not much later: its keeper polls)."""
     keep = 3.0
     model = copy_model(s3_server, tiny_models["single"], "warm-expiry")
     objects = fetch_metadata_report(model.uri).weight_objects
@@ -81,12 +80,11 @@ def test_warm_weights_are_removed_when_their_time_is_up(s3_server, s3_env, tiny_
     warm_until = region / node_weights.WARM_UNTIL
     wait_until(warm_until.exists, 30, "never kept warm")
     deadline = float(warm_until.read_text())
-    # set at the release, or by the reaper after its 2 s grace once the pull's thread is done
+    # set at the release, or by its keeper after its 2 s grace once the pull's thread is done
     assert released - 1 <= deadline - keep <= released + 10, (deadline - released, keep)
     seen_until = wait_until(lambda: None if region.exists() else time.time(), 30, "never removed")
     assert seen_until >= deadline, f"removed {deadline - seen_until:.1f} s before its time"
     assert seen_until <= deadline + 10, f"removed {seen_until - deadline:.1f} s after its time"
-    wait_until(lambda: not reapers(region), 10, lambda: f"reaper left: {reapers(region)}")
 
 
 def test_warm_weights_left_by_an_earlier_ray_session_are_adopted(
@@ -118,7 +116,7 @@ def test_a_region_not_kept_warm_goes_with_its_last_engine(s3_server, s3_env, tin
     objects = fetch_metadata_report(model.uri).weight_objects
     region = _job(model.uri, objects, base, keep_warm_s=0)
     released = time.time()
-    # removed by the release, or by the reaper once the pull's thread let its lock go (its
+    # removed by the release, or by its keeper once the pull's thread let its lock go (its
     # 2 s grace), and never kept warm meanwhile: no deadline was ever written while it stood
     kept_warm: list[str] = []
 
@@ -130,4 +128,3 @@ def test_a_region_not_kept_warm_goes_with_its_last_engine(s3_server, s3_env, tin
     removed = wait_until(gone, 30, "the region outlived its last engine", poll=0.02)
     assert kept_warm == [], kept_warm
     assert removed - released < 10, f"removed {removed - released:.1f} s after the release"
-    wait_until(lambda: not reapers(region), 10, lambda: f"reaper left: {reapers(region)}")

@@ -1,5 +1,6 @@
 """The node agent: one Ray actor per node (named per node, pinned to it, detached,
-``num_cpus=0``) that cleans up after the node's engine actors, however they end.
+``num_cpus=0``) that cleans up after the node's engine actors, however they end, and keeps
+the node's shared weights (``weights/region.py``) until no one holds them.
 
 An engine actor asks it to watch itself (:func:`watch_engine`) when it starts. The agent
 records the actor's processes (vLLM's engine core and workers are its children) and the
@@ -10,21 +11,28 @@ this as a Ray worker: Ray's own clean-up
 (``RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper``) ends an engine's
 leftovers, and never the agent, which is no worker's child.
 
+Each actor that holds a region of the node's shared weights hands it to the agent
+(:func:`keep_region`), which runs the region's :func:`~ray_stream_llm.weights.region.reap`
+in a thread: the region is removed once no live process has held it for 2 s, or, kept warm
+(``keep_warm_s``), once its time is up. An agent keeping a region does not end.
+
 What it watches is also kept in a file per engine on the node (:func:`state_dir`, written
 whole), for when the agent ends with its Ray. A local Ray (``ray.init()`` in the driver)
 stops its raylet when it shuts down, and the engines, their processes and the agent
 end with it; the driver then finishes the agent's work itself, at its exit, after Ray's
 shutdown (:func:`finish_at_exit`, registered by the processor's build): it ends the
 recorded processes still running (pid and start time both match) and removes the
-recorded segments no process maps. A driver that was killed leaves the records to the node's next
-agent, which does the same before anything else. With nothing to watch for ``IDLE_S``
-seconds the agent ends itself.
+recorded segments no process maps, and retires the recorded regions (removed, or kept warm:
+the node's next agent, or next region, removes one once its time is up). A driver that was
+killed leaves the records to the node's next agent, which does the same before anything
+else. With nothing to watch or keep for ``IDLE_S`` seconds the agent ends itself.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -45,6 +53,20 @@ IDLE_S = 10.0  # an agent with nothing to watch this long ends itself
 
 def agent_name(node_id: str) -> str:
     return f"rsl-agent-{node_id}"
+
+
+def _record_region(records: Path, region: str) -> Path:
+    """Record the region ``region`` as kept by this Ray's agent (this worker's parent is its
+    raylet): ``regions/<hash of its path>.json``, written whole; its path."""
+    import psutil
+
+    record = records / "regions" / f"{hashlib.sha256(region.encode()).hexdigest()[:16]}.json"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    raylet = psutil.Process(os.getppid())
+    write_whole(
+        record, json.dumps({"region": region, "raylet": [raylet.pid, raylet.create_time()]})
+    )
+    return record
 
 
 def state_dir() -> Path:
@@ -79,6 +101,7 @@ class NodeAgent:
         self._records.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._watching: dict[int, threading.Thread] = {}
+        self._keeping: dict[str, threading.Thread] = {}  # region -> its reap thread
         self._retiring = False
         from ray_stream_llm.integrations.vllm import shm
 
@@ -91,6 +114,13 @@ class NodeAgent:
                 with self._lock:
                     thread = self._thread(record, state, left=True)
                 thread.start()
+        for record in sorted(self._records.glob("regions/*.json")):  # regions left to keep
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                state = json.loads(record.read_text())
+                raylet = state.get("raylet") or [0, 0.0]
+                if raylet[0] != os.getppid() and shm.is_running(*raylet):
+                    continue  # another running Ray's: its own agent keeps it
+                self.keep(state["region"])
         threading.Thread(
             target=self._retire_when_idle, args=(IDLE_S,), name="retire", daemon=True
         ).start()
@@ -123,6 +153,45 @@ class NodeAgent:
         thread.start()
         return True
 
+    def keep(self, region: str) -> bool:
+        """Keep the node's region ``region`` until it is gone (``weights.region.reap``, in a
+        thread; asked by every actor that holds it: taken once). False when this agent is
+        ending (ask the node's next one)."""
+        with self._lock:
+            if self._retiring:
+                return False
+            if region in self._keeping:
+                return True  # kept until it is gone (made again meanwhile: kept on)
+            record = _record_region(self._records, region)
+            thread = threading.Thread(
+                target=self._keep, args=(record, region), name="region", daemon=True
+            )
+            self._keeping[region] = thread
+        thread.start()
+        return True
+
+    def _keep(self, record: Path, region: str) -> None:
+        from ray_stream_llm.weights.region import reap
+
+        try:
+            while True:
+                reap(Path(region))
+                with self._lock:  # made again as this thread ended: kept on
+                    if not os.path.exists(region):
+                        del self._keeping[region]
+                        record.unlink(missing_ok=True)
+                        return
+        except Exception:  # its record is left to the driver's exit or the next agent
+            with self._lock:
+                self._keeping.pop(region, None)
+            logger.exception("keeping the shared region %s failed", region)
+            raise
+
+    def keeping(self) -> list[str]:
+        """The regions kept now."""
+        with self._lock:
+            return sorted(r for r, t in self._keeping.items() if t.is_alive())
+
     def watching(self) -> list[int]:
         """The engine actors being watched (or cleaned up after) now."""
         with self._lock:
@@ -138,7 +207,8 @@ class NodeAgent:
         while True:
             time.sleep(poll)
             with self._lock:
-                if any(t.is_alive() or t.ident is None for t in self._watching.values()):
+                threads = [*self._watching.values(), *self._keeping.values()]
+                if any(t.is_alive() or t.ident is None for t in threads):
                     idle_since = time.monotonic()
                 elif time.monotonic() - idle_since >= idle_s:
                     self._retiring = True
@@ -197,22 +267,22 @@ def _agent(node_id: str, records: Path) -> Any:
     ).remote(str(records))
 
 
-class Watched:
-    """An engine actor's request to its node's agent (:func:`watch_engine`): sent at once,
-    confirmed by :meth:`confirm` (the agent is made meanwhile, beside the engine's start)."""
+class Asked:
+    """A request to this node's agent (:func:`watch_engine`, :func:`keep_region`): sent at
+    once, confirmed by :meth:`confirm` (the agent is made meanwhile, if it must be)."""
 
-    def __init__(self, pid: int, since: float, dirs: list[str], log: str | None) -> None:
+    def __init__(self, method: str, *args: Any) -> None:
         import ray
 
         self._node = ray.get_runtime_context().get_node_id()
-        self._args = (pid, since, dirs, log)
+        self._method, self._args = method, args
         self._reply = self._ask()
 
     def _ask(self) -> Any:
-        return _agent(self._node, state_dir()).watch.remote(*self._args)
+        return getattr(_agent(self._node, state_dir()), self._method).remote(*self._args)
 
     def confirm(self, attempts: int = 5) -> None:
-        """Wait until the agent has taken the engine; an agent that was ending as it was
+        """Wait until the agent has taken the request; an agent that was ending as it was
         asked is followed by the node's next one."""
         import ray
 
@@ -226,16 +296,35 @@ class Watched:
             except ray.exceptions.RayActorError:
                 continue
         raise RuntimeError(
-            f"the node agent of node {self._node} did not take engine actor {self._args[0]}"
+            f"the node agent of node {self._node} did not take {self._method}{self._args[:1]}"
         )
 
 
-def watch_engine(pid: int, since: float, dirs: list[str], log: str | None) -> Watched:
+def watch_engine(pid: int, since: float, dirs: list[str], log: str | None) -> Asked:
     """Have this node's agent (made if there is none) watch the engine actor ``pid`` (the
     caller) and clean up after it: the processes it leaves running, the segments they
     mapped since ``since``, the directories ``dirs``. ``log``: the file for what the agent
-    saw and did about this engine. Returns at once: :meth:`Watched.confirm` waits."""
-    return Watched(pid, since, dirs, log)
+    saw and did about this engine. Returns at once: :meth:`Asked.confirm` waits."""
+    return Asked("watch", pid, since, dirs, log)
+
+
+def keep_region(region: Path) -> None:
+    """The keeper of the node's shared regions in a Ray worker
+    (``weights.region.NodeWeights``' ``keeper``): this node's agent keeps ``region`` until
+    it is gone. Returns at once; the agent's answer is awaited in a thread (an agent being
+    made must not hold up the pull), and one never given is logged: the region is then
+    retired by the driver's exit or the node's next region. Recorded here first: a Ray shut
+    down before its agent answered still has its region retired at the driver's exit."""
+    _record_region(state_dir(), str(region))
+    asked = Asked("keep", str(region))
+
+    def confirm() -> None:
+        try:
+            asked.confirm()
+        except Exception:
+            logger.warning("no node agent keeps %s", region, exc_info=True)
+
+    threading.Thread(target=confirm, name="rsl-keep", daemon=True).start()
 
 
 def _tree(state: dict[str, Any]) -> tuple[dict[int, float], set[str]]:
@@ -297,12 +386,43 @@ def finish_orphaned(
     return finished
 
 
+def retire_orphaned_regions(
+    records: Path | None = None, ending: Collection[tuple[int, float]] = (), wait: float = 10.0
+) -> list[str]:
+    """In a process of the node: retire the regions the node's agents kept when their Ray
+    ended (``weights.region.retire``: removed, or kept warm), waiting up to ``wait`` s in
+    all for the raylets in ``ending`` and for the regions' holders, that Ray's workers, to
+    exit. A region kept warm stays recorded: the node's next agent keeps it until its time
+    is up. A record of a Ray that still runs is its agent's. The regions removed."""
+    from ray_stream_llm.integrations.vllm import shm
+    from ray_stream_llm.weights.region import retire
+
+    removed = []
+    deadline = time.monotonic() + wait
+    for record in sorted((records or state_dir()).glob("regions/*.json")):
+        try:
+            state = json.loads(record.read_text())
+            raylet = tuple(state.get("raylet") or (0, 0.0))
+            while raylet in ending and shm.is_running(*raylet) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if shm.is_running(*raylet):
+                continue  # a running Ray's: its agent keeps it
+            if retire(Path(state["region"]), wait=max(0.0, deadline - time.monotonic())):
+                record.unlink(missing_ok=True)
+                removed.append(state["region"])
+        except (OSError, ValueError, KeyError, TypeError):
+            logger.warning("cannot retire the node agent's region %s", record, exc_info=True)
+            record.unlink(missing_ok=True)
+    return removed
+
+
 def finish_at_exit() -> None:
     """The driver's exit (``atexit``, registered by the processor's build): where this
     process started the local Ray its jobs ran on, Ray's shutdown kills the node's agent
     with the engines (SIGKILL, all at once), so what the engines' processes left is
     finished here, after it: Ray is shut down first (what its own exit hook does next, and
-    a second call does nothing), then :func:`finish_orphaned`. Also after the user's own
+    a second call does nothing), then :func:`finish_orphaned` and
+    :func:`retire_orphaned_regions`. Also after the user's own
     ``ray.shutdown()``. A driver that joined a running cluster leaves the work to its
     agents, which outlive it."""
     import psutil
@@ -320,6 +440,7 @@ def finish_at_exit() -> None:
                     ending.add((child.pid, child.create_time()))
         ray.shutdown()
     finish_orphaned(ending=ending)
+    retire_orphaned_regions(ending=ending)
 
 
 @functools.cache

@@ -15,6 +15,7 @@ from typing import Any
 
 from ray_stream_llm.errors import RayStreamLLMError
 from ray_stream_llm.fetch import fetch_metadata_report
+from ray_stream_llm.integrations.ray.agent import keep_region
 from ray_stream_llm.integrations.ray.compat import (
     ChatTemplateUDF,
     DetokenizeUDF,
@@ -99,9 +100,8 @@ def _prepare(secret_env: SecretEnv | None, plan: Plan | None, model: Any) -> Any
     ):
         # The earliest point of the job on this node: the pull overlaps actor start-up and
         # engine initialisation. Best effort: the engine acquires (and reports) itself.
-        weights = NodeWeights(
-            plan.uri, report.weight_objects, dataclasses.replace(plan.sharing, required=False)
-        )
+        sharing = dataclasses.replace(plan.sharing, required=False)
+        weights = NodeWeights(plan.uri, report.weight_objects, sharing, keep_region)
         if weights.acquire() is not None:
             _prefetched.append(weights)
     return str(report.path)
