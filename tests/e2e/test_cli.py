@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from helpers.cli import run_cli
 from helpers.janitors import segments_left
-from helpers.jobs import reads_under, wait_regions_released, weight_files_written
+from helpers.jobs import reads_under, weights_on_local_disk
 from helpers.models import is_weight
 
 pytestmark = [pytest.mark.s3]
@@ -139,8 +139,7 @@ def test_run_answers_a_parquet_file_with_its_progress_shown(s3_server, tiny_mode
     reads = reads_under(s3_server, model.uri, before)
     weight_reads = {u.removeprefix(model.uri) for u in reads if is_weight(u.rsplit("/", 1)[1])}
     assert weight_reads == {"model.safetensors"}, weight_reads
-    wait_regions_released(since)
-    written = weight_files_written([work, Path("/dev/shm"), Path("/tmp")], since)
+    written = weights_on_local_disk(work, since)
     assert written == {}, written
     [metadata] = [p for p in (work / "home/.cache/ray_stream_llm/models").iterdir() if p.is_dir()]
     got = {str(p.relative_to(metadata)) for p in metadata.rglob("*") if p.is_file()}

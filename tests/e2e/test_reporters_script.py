@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from helpers.jobs import reads_under, wait_regions_released, weight_files_written
+from helpers.jobs import reads_under, weights_on_local_disk
 from helpers.models import build_layout, is_weight, weight_files
 from helpers.paths import HELPERS
 
@@ -105,9 +105,8 @@ def _run(
     proc = run_isolated([sys.executable, str(path)], work, env, timeout=600)
     # the node's region (memory, not disk) goes within about 2 s of the job's last process,
     # which can be after the script has returned (c27: found still there on Ray 2.48.0);
-    # one still there after that is counted below
-    wait_regions_released(start)
-    written = weight_files_written([work, Path("/dev/shm"), Path("/tmp")], start)
+    # one still there after that is counted
+    written = weights_on_local_disk(work, start)
     return proc.returncode, proc.stdout + proc.stderr, written
 
 

@@ -55,8 +55,8 @@ SHARDED_MAX_TOKENS = 4
 def wait_regions_released(since: float, timeout: float = 30.0) -> None:
     """Wait (up to ``timeout`` s) until the node's shared regions the job made are gone:
     the node's agent removes one within about 2 s of the job's last holder (docs/sharing.md),
-    or the driver's exit does, which can be after the job's driver has returned. What is still there after that is
-    left behind, and the caller's walk of /dev/shm reports it."""
+    or the driver's exit does, which can be after the job's driver has returned. What is
+    still there after that is left behind, and the caller's walk of /dev/shm reports it."""
     from ray_stream_llm.weights.region import DEFAULT_BASE
 
     try:
@@ -68,6 +68,15 @@ def wait_regions_released(since: float, timeout: float = 30.0) -> None:
         )
     except AssertionError:
         pass  # judged by the caller's walk of /dev/shm
+
+
+def weights_on_local_disk(work: Path, since: float, *, kept_warm: bool = False) -> dict[str, int]:
+    """Weight files a job that began at ``since`` left in its work directory, /dev/shm or /tmp,
+    once the node's regions it made are gone (:func:`wait_regions_released`; not waited for
+    where the job kept them warm on purpose): path -> bytes."""
+    if not kept_warm:
+        wait_regions_released(since)
+    return weight_files_written([work, Path("/dev/shm"), Path("/tmp")], since)
 
 
 def weight_files_written(roots: list[Path], since: float) -> dict[str, int]:
@@ -151,9 +160,8 @@ def run_isolated(
         assert proc.returncode != 0, "the job was expected to fail"
     else:
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    if not any((c or {}).get("keep_warm_s") for c in [config, *(runs or [])]):
-        wait_regions_released(start)
-    written = weight_files_written([work, Path("/dev/shm"), Path("/tmp")], start)
+    kept_warm = any((c or {}).get("keep_warm_s") for c in [config, *(runs or [])])
+    written = weights_on_local_disk(work, start, kept_warm=kept_warm)
     out = (
         {"log": proc.stdout + proc.stderr}
         if expect_failure
