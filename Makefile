@@ -27,11 +27,13 @@ PYTEST := $(PY) $(RUN_PYTEST)
 # Installs go through uv (pip's own indexes, find-links and constraints, read from pip's
 # configuration: requirements/uv_flags.py), with pip kept where the user's path is the point
 # (the editable checkout, the wheel's install check). The same torch, vLLM and Ray land in
-# four environments: uv unpacks each once into its cache and links it.
+# four environments: uv unpacks each once into its cache and links it. No bytecode is compiled
+# at install time (Python compiles a module at its first import): CI's setup took 83 s so,
+# 144 s with --compile-bytecode, 199 s with pip (docs/install.md).
 UV_VENV := .venvs/uv
 UV_BIN := $(UV_VENV)/bin/uv
 UV_FLAGS = $(shell $(PYTHON) $(REQ)/uv_flags.py)
-uv_install = $(UV_BIN) pip install -q --compile-bytecode $(UV_FLAGS) --python $(1)
+uv_install = $(UV_BIN) pip install -q $(UV_FLAGS) --python $(1)
 # The three environments can be built side by side (make -j3 setup setup-compat, as .ci/run
 # does); their editable installs of this checkout write the same ray_stream_llm.egg-info,
 # so those take turns.
