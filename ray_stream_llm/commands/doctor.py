@@ -7,7 +7,7 @@ vLLM import), vLLM's build, this library's vLLM plugin as vLLM there would see i
 (:func:`~ray_stream_llm.integrations.vllm.plugin.plugin_inactive_reason` in the node's
 environment), the CPU instruction set and GPUs (torch), the region's tmpfs and the memory
 that binds (:mod:`ray_stream_llm.weights.memory`); given a model, whether the node's own
-region of its weights fits (the check the pull makes, :func:`~ray_stream_llm.weights.region.
+region of its weights fits (the check the pull makes, :func:`~ray_stream_llm.weights.memory.
 memory_problem`), and whether the node reaches the store: a listing and a 1 MiB ranged
 read of the first weight file through the library's backends, under a ``StoreDeadline``.
 The driver compares the rows (versions that differ across nodes) and names each problem
@@ -108,7 +108,7 @@ def node_facts(
     from ray_stream_llm.integrations.vllm import cpu
     from ray_stream_llm.integrations.vllm.plugin import plugin_inactive_reason
     from ray_stream_llm.weights import memory
-    from ray_stream_llm.weights.region import DEFAULT_BASE, memory_problem
+    from ray_stream_llm.weights.region import DEFAULT_BASE
 
     facts: dict[str, Any] = {"versions": {}}
     for key, names in VERSIONS.items():
@@ -136,7 +136,7 @@ def node_facts(
     # the check a pull makes, with the KV cache of the engine the CPU build sizes from memory
     engines = cpu.kv_cache_engines() if cpu.is_cpu_build() else 0
     facts["region"] = (
-        memory_problem(Path(DEFAULT_BASE), weight_bytes, kv_cache_engines=engines)
+        memory.memory_problem(Path(DEFAULT_BASE), weight_bytes, kv_cache_engines=engines)
         if weight_bytes
         else None
     )

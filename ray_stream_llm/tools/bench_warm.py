@@ -64,7 +64,8 @@ def _wait_until_no_region(timeout: float = KEEP_WARM_S + 60) -> None:
     """The kept weights gone: once their ``keep_warm_s`` is up, the node's next region
     removes them (a local Ray's agent, their keeper, ended with its driver); here the bench
     does it (``sweep_regions``) as soon as their time is up."""
-    from ray_stream_llm.weights.region import DEFAULT_BASE, sweep_regions
+    from ray_stream_llm.weights.lifetime import sweep_regions
+    from ray_stream_llm.weights.region import DEFAULT_BASE
 
     deadline = time.monotonic() + timeout
     while sweep_regions(Path(DEFAULT_BASE)) or any(

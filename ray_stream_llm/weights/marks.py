@@ -1,18 +1,22 @@
 """The marks in a node's region (``weights/region.py``) that its pull writes and its readers
-(engines on the node, peers on other nodes: ``weights/peers.py``) go by."""
+(engines on the node, peers on other nodes: ``weights/peers.py``) go by, and the region's
+marker (:data:`CREATED`: what the region was made for) as they read it."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from ray_stream_llm.files import write_whole
+from ray_stream_llm.stores import ObjectInfo
 
 CREATED = ".created"  # the region's marker: a file of a directory holding it is a region file
 UNSHARED = ".unshared"  # 'auto' gave the region up (it no longer fits): stream the store
 FAILED = ".failed"  # the pull failed: the typed error (class and message), for every waiter
 PARTIAL = ".partial"  # the files still being written, renamed to the region once whole
 DIGESTS = ".sha256"  # each whole file's sha256, recorded before its rename (peers check it)
+WARM_UNTIL = ".warm_until"  # a region kept for a later job: the time it may be removed
 
 
 def partial(region: Path, name: str) -> Path:
@@ -79,3 +83,44 @@ def failure(region: Path) -> tuple[str, str] | None:
     ):
         return record["class"], record["message"]
     return "", text
+
+
+def marker(region: Path) -> dict[str, Any]:
+    """The region's marker (:data:`CREATED`) as written when the region was made."""
+    meta: dict[str, Any] = json.loads((region / CREATED).read_text())
+    return meta
+
+
+def objects_of(region: str | Path) -> tuple[ObjectInfo, ...]:
+    """The weight objects a region was made for, in the order its marker lists them."""
+    meta = marker(Path(region))
+    return tuple(ObjectInfo(**o) for o in meta["objects"])
+
+
+def budget(region: Path) -> float | None:
+    try:
+        value = marker(region).get("timeout_s")
+    except (OSError, ValueError):
+        return None
+    return float(value) if value is not None else None
+
+
+def required(region: Path) -> bool:
+    try:
+        return bool(marker(region).get("required"))
+    except (OSError, ValueError):
+        return True
+
+
+def kv_cache_engines(region: Path) -> int:
+    try:
+        return int(marker(region).get("kv_cache_engines") or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def keep_warm_s(region: Path) -> float:
+    try:
+        return float(marker(region).get("keep_warm_s") or 0.0)
+    except (OSError, ValueError, TypeError):
+        return 0.0

@@ -4,33 +4,31 @@ The driver decides (its :class:`~ray_stream_llm.weights.region.Sharing`), the en
 acquires a source before vLLM starts (:func:`acquire`), prepares it before each start
 attempt, gives vLLM its :attr:`~WeightSource.model_weights`, reports it, and releases it
 when the engine goes; the engine's processes await each file where the source fills as
-they read (the plugin's wait for a region file's completion mark). Two sources today:
+they read (the loader's wait for each region file by its name). Two sources today, each in
+its own module:
 
-- :class:`StoreWeights`: vLLM's Run:ai loader streams every file from the store's URI;
-- :class:`RegionWeights`: the node's one pull into its shared region (``/dev/shm``), read
-  by every engine of the node, which gives itself up for the store when the pull does
-  (``weight_sharing='auto'``).
+- :class:`~ray_stream_llm.weights.store.StoreWeights`: vLLM's Run:ai loader streams every
+  file from the store's URI;
+- :class:`~ray_stream_llm.weights.region.RegionWeights`: the node's one pull into its
+  shared region (``/dev/shm``), read by every engine of the node, which gives itself up for
+  the store when the pull does (``weight_sharing='auto'``). The pull reads the store or a
+  peer node's region (``weights/peers.py``), and a region kept warm by an earlier job is
+  the same source.
 
-A new source (a peer node, a warm cache) is one more class with these members.
+A new source is one more class with these members.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from ray_stream_llm.fetch import FetchReport
 from ray_stream_llm.uri import ModelURI
-from ray_stream_llm.weights.region import (
-    NodeWeights,
-    Sharing,
-    finished_pull,
-    start_pull,
-    unshared,
-)
+from ray_stream_llm.weights.region import NodeWeights, RegionWeights, Sharing
+from ray_stream_llm.weights.store import StoreWeights
 
 logger = logging.getLogger(__name__)
 
@@ -71,73 +69,6 @@ class WeightSource(Protocol):
     def release(self) -> None:
         """The engine is gone: let go of the source (idempotent)."""
         ...
-
-
-class StoreWeights:
-    """Every file streamed from the store."""
-
-    def __init__(self, uri: ModelURI, fetched: FetchReport, sharing: str = "off"):
-        self.uri, self.fetched, self._sharing = uri, fetched, sharing
-
-    @property
-    def model_weights(self) -> str:
-        return str(self.uri)
-
-    @property
-    def sharing(self) -> str:
-        return self._sharing
-
-    fills_while_read = False
-
-    def prepare(self) -> WeightSource:
-        return self
-
-    def sizes(self) -> dict[str, int]:
-        return dict(self.fetched.streamable)
-
-    def pull(self) -> dict[str, Any] | None:
-        return None
-
-    def release(self) -> None:
-        pass
-
-
-class RegionWeights:
-    """The node's shared region, filled by the node's one pull."""
-
-    def __init__(self, uri: ModelURI, fetched: FetchReport, node: NodeWeights, region: str):
-        self.uri, self.fetched, self.node, self.region = uri, fetched, node, region
-        self._released = False
-
-    @property
-    def model_weights(self) -> str:
-        return self.region
-
-    @property
-    def sharing(self) -> str:
-        return "node"
-
-    fills_while_read = True
-
-    def prepare(self) -> WeightSource:
-        # the pull starts (or is taken over, after a puller that died) with each attempt
-        start_pull(Path(self.region), self.uri, self.fetched.weight_objects)
-        why = unshared(self.region)
-        if why is None:
-            return self
-        self.release()  # 'auto' gave the region up: the store, for this engine
-        return StoreWeights(self.uri, self.fetched, f"off: {why}")
-
-    def sizes(self) -> dict[str, int]:
-        return {os.path.join(self.region, o.path): o.size for o in self.fetched.weight_objects}
-
-    def pull(self) -> dict[str, Any] | None:
-        return finished_pull(self.region)  # its record follows the last file by moments
-
-    def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self.node.release()  # the node's last engine removes the region (or keeps it warm)
 
 
 def acquire(

@@ -46,7 +46,7 @@ def _pull_ranges(
 ) -> list[str]:
     """The weight files, in order, of the ranged GETs the node's pull sent (its 8 MiB
     ranges: the driver's preflight reads only each file's header)."""
-    from ray_stream_llm.weights.region import CHUNK
+    from ray_stream_llm.weights.pull import CHUNK
 
     pulled = []
     for path, span in ranges:

@@ -16,8 +16,7 @@ from helpers.s3log import copy_model, prefix_of
 
 from ray_stream_llm.fetch import fetch_metadata_report
 from ray_stream_llm.tools.link import Link
-from ray_stream_llm.weights import peers
-from ray_stream_llm.weights import region as node_weights
+from ray_stream_llm.weights import marks, peers, pull
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 
@@ -43,7 +42,7 @@ def _kill_the_middle_mid_copy(base: Path, objects, local: Path, seen: dict, stop
     import signal
 
     def complete(region: Path) -> bool:
-        return all(node_weights.done(region, o.path) for o in objects)
+        return all(marks.done(region, o.path) for o in objects)
 
     while not stop.is_set() and "killed" not in seen:
         records = _regions_now(base)
@@ -142,7 +141,7 @@ def test_a_job_on_three_nodes_reads_the_store_once_and_survives_a_dead_peer(
     # and the two reads of the driver's preflight (the header's length, then the header)
     gets = log.gets(prefix_of(model.uri))
     assert {k: v for k, v in gets.items() if k.endswith(".safetensors")} == {
-        prefix_of(model.uri) + o.path: math.ceil(o.size / node_weights.CHUNK) + 2 for o in objects
+        prefix_of(model.uri) + o.path: math.ceil(o.size / pull.CHUNK) + 2 for o in objects
     }, gets
     assert seen["equal"] and all(seen["equal"].values()), seen
     reports = out["load_reports"]

@@ -39,7 +39,7 @@ from helpers.s3log import BUCKET, AccessLog, prefix_of
 from helpers.waiting import wait_until
 
 from ray_stream_llm.tools.isolated import isolated_env
-from ray_stream_llm.weights import region as node_weights
+from ray_stream_llm.weights import marks
 
 DRIVER = HELPERS / "resume_job.py"
 FILES, ROWS_PER_FILE = 12, 4
@@ -221,8 +221,8 @@ def test_a_killed_job_resumes_warm_on_two_cpus_and_writes_every_id_once(
     assert first_gets, "the first run read the weights from the store"
     # the killed job's engine, and its node's agent (the region's keeper), died with it:
     # its complete copy of the weights is left, which the re-run finds
-    [region] = [r for r in sharing_dir.glob("*/*") if node_weights.objects_of(r)]
-    assert all(node_weights.done(region, o.path) for o in node_weights.objects_of(region))
+    [region] = [r for r in sharing_dir.glob("*/*") if marks.objects_of(r)]
+    assert all(marks.done(region, o.path) for o in marks.objects_of(region))
 
     log = AccessLog(s3_server)
     second = start_job(

@@ -26,7 +26,8 @@ from helpers.links import TappedLink
 from helpers.s3log import AccessLog, copy_model, prefix_of
 from helpers.waiting import wait_until
 
-from ray_stream_llm.weights.region import CHUNK, DEFAULT_BASE
+from ray_stream_llm.weights.pull import CHUNK
+from ray_stream_llm.weights.region import DEFAULT_BASE
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e, pytest.mark.engine]
 QUESTIONS = SHARDED_QUESTIONS  # the control's (sharded_job)

@@ -70,7 +70,7 @@ def test_a_cpu_only_node_pulls_nothing(s3_server, s3_env, tiny_models, base, wor
     from helpers.models import build_layout
     from ray.cluster_utils import Cluster
 
-    from ray_stream_llm.weights import region as node_weights
+    from ray_stream_llm.weights import pull
 
     model = copy_model(s3_server, tiny_models["sharded"], "engine-nodes")
     monkeypatch.setenv("RAY_TMPDIR", str(work))
@@ -161,7 +161,7 @@ def test_a_cpu_only_node_pulls_nothing(s3_server, s3_env, tiny_models, base, wor
         gets = log.gets(prefix)
         sizes = {o: (model.local / o).stat().st_size for o in model.weights}
         assert {k: v for k, v in gets.items() if k.endswith(".safetensors")} == {
-            prefix + o: math.ceil(size / node_weights.CHUNK) for o, size in sizes.items()
+            prefix + o: math.ceil(size / pull.CHUNK) for o, size in sizes.items()
         }  # once: the GPU node's pull, none from the CPU node
         # the streamer's buffer from Ray's memory resource of the actor (4 GiB): a quarter
         engines, limit, env = ray.get(gpu.streamer.remote(sharing))

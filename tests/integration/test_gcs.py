@@ -173,6 +173,7 @@ def test_a_weight_replaced_after_the_listing_is_never_pulled_into_the_region(
 
     from ray_stream_llm.fetch import fetch_metadata_report
     from ray_stream_llm.uri import parse_model_uri
+    from ray_stream_llm.weights import marks
     from ray_stream_llm.weights import region as node_weights
 
     uri = f"gs://{BUCKET}/changed/{os.urandom(4).hex()}/"
@@ -197,7 +198,7 @@ def test_a_weight_replaced_after_the_listing_is_never_pulled_into_the_region(
         assert message.startswith("the shared pull of the weights failed: "), message
         assert repr(obj.path) in message, message
         assert repr(uri) in message and "changed in the store" in message, message
-        assert not node_weights.done(region, obj.path)
+        assert not marks.done(region, obj.path)
         assert not (region / obj.path).exists()  # never under its name: it is not whole
         weights.release()
     finally:

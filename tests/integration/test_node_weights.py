@@ -22,6 +22,7 @@ from ray_stream_llm.fetch import fetch_metadata_report
 from ray_stream_llm.stores import ObjectInfo
 from ray_stream_llm.tools.link import Link
 from ray_stream_llm.uri import parse_model_uri
+from ray_stream_llm.weights import lifetime, marks, pull
 from ray_stream_llm.weights import region as node_weights
 from ray_stream_llm.weights.region import NodeWeights, Sharing, wait_for
 
@@ -85,7 +86,7 @@ def test_each_weight_source_gives_vllm_its_weights_and_lets_go(
     region = Path(given_up.model_weights)
     # the mark an 'auto' pull leaves when the region no longer fits
     # (tests/integration/test_region_trust.py makes a pull leave it for real)
-    (region / node_weights.UNSHARED).write_text("not pulled: it no longer fits")
+    (region / marks.UNSHARED).write_text("not pulled: it no longer fits")
     fallback = given_up.prepare()
     assert fallback.model_weights == model.uri
     assert fallback.sharing == "off: not pulled: it no longer fits"
@@ -105,9 +106,9 @@ def test_one_pull_each_range_once_and_files_equal(s3_server, s3_env, tiny_models
     # the listing's metadata is not read again; each weight object in ranged GETs of 8 MiB,
     # each range once: ceil(size / chunk) GETs, no more
     assert {k: v for k, v in gets.items() if k.endswith(".safetensors")} == {
-        prefix + o.path: math.ceil(o.size / node_weights.CHUNK) for o in objects
+        prefix + o.path: math.ceil(o.size / pull.CHUNK) for o in objects
     }
-    assert node_weights.finished_pull(region)["bytes"] == sum(o.size for o in objects)
+    assert pull.finished_pull(region)["bytes"] == sum(o.size for o in objects)
     # its keeper: outside Ray, a thread of the holding process (in Ray, the node's agent)
     assert "rsl-reap" in [t.name for t in threading.enumerate()]
     weights.release()  # the last reference: the region goes
@@ -144,7 +145,7 @@ def test_two_processes_share_one_pull(s3_server, s3_env, tiny_models, base):
     region = Path(regions.pop())
     gets = log.gets(prefix_of(model.uri))
     assert sum(v for k, v in gets.items() if k.endswith(".safetensors")) == sum(
-        math.ceil(o.size / node_weights.CHUNK) for o in objects
+        math.ceil(o.size / pull.CHUNK) for o in objects
     )  # one pull for both
     procs[0].communicate("\n", timeout=30)
     assert region.exists()  # the other process still holds it
@@ -169,7 +170,7 @@ def test_a_killed_holders_region_is_removed_by_its_keeper(s3_server, s3_env, tin
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     region = Path(proc.stdout.readline().strip())
     assert region.exists()
-    keeper = threading.Thread(target=node_weights.reap, args=(region,), kwargs={"poll": 0.1})
+    keeper = threading.Thread(target=lifetime.reap, args=(region,), kwargs={"poll": 0.1})
     keeper.start()
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -201,7 +202,7 @@ def test_a_dead_puller_is_taken_over(s3_server, s3_env, tiny_models, base):
         assert reader.acquire() == str(region)
         os.kill(puller.pid, signal.SIGKILL)  # mid-pull: the link is slow
         puller.wait()
-        assert not all(node_weights.done(region, o.path) for o in objects)
+        assert not all(marks.done(region, o.path) for o in objects)
     for obj in objects:  # the store directly now (the proxy is gone)
         wait_for(region, obj.path, timeout=120)
         assert (region / obj.path).read_bytes() == (model.local / obj.path).read_bytes()
@@ -296,8 +297,7 @@ def test_two_ray_nodes_pull_once_each_and_clean_up(
                 assert (Path(region) / o.path).read_bytes() == (model.local / o.path).read_bytes()
         gets = log.gets(prefix_of(model.uri))
         assert {k: v for k, v in gets.items() if k.endswith(".safetensors")} == {
-            prefix_of(model.uri) + o.path: 2 * math.ceil(o.size / node_weights.CHUNK)
-            for o in objects
+            prefix_of(model.uri) + o.path: 2 * math.ceil(o.size / pull.CHUNK) for o in objects
         }  # once per node
         ray.get([u.done.remote() for u in users])
         for region in regions:

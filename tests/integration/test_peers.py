@@ -20,8 +20,7 @@ from helpers.waiting import wait_until
 from ray_stream_llm.errors import ObjectChangedError
 from ray_stream_llm.fetch import fetch_metadata_report
 from ray_stream_llm.tools.link import Link
-from ray_stream_llm.weights import peers
-from ray_stream_llm.weights import region as node_weights
+from ray_stream_llm.weights import marks, peers, pull
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 
@@ -140,7 +139,7 @@ def _finish(users, regions):
 def _statuses(regions):
     """Each region's pull record: written just after its last file is whole (what the
     users waited for), so read once the pull has ended."""
-    return {r: node_weights.finished_pull(r) for r in regions}
+    return {r: pull.finished_pull(r) for r in regions}
 
 
 def test_three_nodes_read_the_store_once_and_fill_from_each_other(
@@ -166,7 +165,7 @@ def test_three_nodes_read_the_store_once_and_fill_from_each_other(
             assert (Path(region) / o.path).read_bytes() == (model.local / o.path).read_bytes()
     gets = log.gets(prefix_of(model.uri))
     assert {k: v for k, v in gets.items() if k.endswith(".safetensors")} == {
-        prefix_of(model.uri) + o.path: math.ceil(o.size / node_weights.CHUNK) for o in objects
+        prefix_of(model.uri) + o.path: math.ceil(o.size / pull.CHUNK) for o in objects
     }  # once for the cluster
     status = _statuses(regions)
     print(json.dumps(status, indent=1))
@@ -222,7 +221,7 @@ def test_a_node_added_after_the_others_filled_fills_from_a_peer(
     assert late_status["store_bytes"] == 0 and late_status["peer_bytes"] == size, late_status
     gets = log.gets(prefix_of(model.uri))
     assert {k: v for k, v in gets.items() if k.endswith(".safetensors")} == {
-        prefix_of(model.uri) + o.path: math.ceil(o.size / node_weights.CHUNK) for o in objects
+        prefix_of(model.uri) + o.path: math.ceil(o.size / pull.CHUNK) for o in objects
     }  # once for the whole cluster
     _finish([*first, late], [*regions, late_region])
 
@@ -374,7 +373,7 @@ def test_a_peer_killed_mid_copy_is_replaced_and_every_region_completes(
             60,
             f"no progress in the root's region {root_region}",
         )
-        assert not all(node_weights.done(Path(root_region), o.path) for o in objects)
+        assert not all(marks.done(Path(root_region), o.path) for o in objects)
         ray.kill(ray.get_actor(peers.server_name(key, root), namespace=peers.NAMESPACE))
         ray.get([u.wait.remote() for u in users])
     for region in regions:

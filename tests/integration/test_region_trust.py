@@ -38,6 +38,7 @@ from ray_stream_llm.integrations.vllm import shm
 from ray_stream_llm.manifest import inspect_model
 from ray_stream_llm.tools.link import Link
 from ray_stream_llm.uri import parse_model_uri
+from ray_stream_llm.weights import lifetime, marks, memory, pull
 from ray_stream_llm.weights import region as node_weights
 from ray_stream_llm.weights.region import NodeWeights, Sharing, wait_for
 
@@ -76,7 +77,7 @@ def test_the_loader_waits_for_each_region_file_named_by_a_relative_path(
         weights = NodeWeights(parse_model_uri(model.uri), report.weight_objects,
                               Sharing("node", base=str(base)))  # fmt: skip
         region = Path(weights.acquire())
-        assert not all(node_weights.done(region, n) for n in names)  # still on its way
+        assert not all(marks.done(region, n) for n in names)  # still on its way
         monkeypatch.chdir(base)
         relative = os.path.relpath(region, base)  # "<node>/<key>"
         monkeypatch.delenv("RAY_STREAM_LLM_LOAD_REPORT_DIR", raising=False)
@@ -100,8 +101,8 @@ def test_a_region_lists_only_whole_files_and_none_is_sparse(
     report = fetch_metadata_report(model.uri)
     sizes = {o.path: o.size for o in report.weight_objects}
     assert len(sizes) > 1
-    monkeypatch.setattr(node_weights, "CHUNK", 128 << 10)  # each file in several ranges
-    monkeypatch.setattr(node_weights, "WORKERS", 2)
+    monkeypatch.setattr(pull, "CHUNK", 128 << 10)  # each file in several ranges
+    monkeypatch.setattr(pull, "WORKERS", 2)
     mid_file: set[str] = set()  # files seen part-written and not listed
 
     def all_listed_whole(region: Path) -> bool:
@@ -142,7 +143,7 @@ def test_a_region_is_known_by_its_marker_and_lists_its_planned_files(base, tmp_p
         {"path": p, "key": f"m/{p}", "size": 0, "etag": "x"}
         for p in ("b.safetensors", "a.safetensors")
     ]
-    (region / node_weights.CREATED).write_text(json.dumps({"objects": objects}))
+    (region / marks.CREATED).write_text(json.dumps({"objects": objects}))
     for spelling in (str(region), str(region / ".." / "key"), os.path.relpath(region)):
         assert node_weights.region_of_dir(spelling) == region, spelling
         # the marker's order and names, not what a glob of the directory finds
@@ -221,9 +222,9 @@ def test_an_object_replaced_mid_pull_fails_by_name_and_is_never_marked_done(
     [obj] = report.weight_objects
     # 1.6 MB in 7 ranged GETs, 2 at a time, each about a second: most are asked for after
     # the new version landed
-    monkeypatch.setattr(node_weights, "CHUNK", 256 << 10)
-    monkeypatch.setattr(node_weights, "WORKERS", 2)
-    assert obj.size > 6 * node_weights.CHUNK
+    monkeypatch.setattr(pull, "CHUNK", 256 << 10)
+    monkeypatch.setattr(pull, "WORKERS", 2)
+    assert obj.size > 6 * pull.CHUNK
     link = Link(s3_server.port, rate=256 << 10, burst=64 << 10)
     monkeypatch.setenv("AWS_ENDPOINT_URL", link.endpoint_url)
     with link:
@@ -237,7 +238,7 @@ def test_an_object_replaced_mid_pull_fails_by_name_and_is_never_marked_done(
     message = str(err.value)
     assert message.startswith("the shared pull of the weights failed: "), message
     assert repr(obj.path) in message, message
-    assert not node_weights.done(region, obj.path)
+    assert not marks.done(region, obj.path)
     weights.release()
 
 
@@ -259,11 +260,11 @@ def test_a_region_pinned_to_a_listing_the_store_no_longer_has_is_refused(
 
 def test_the_pull_has_a_connection_per_worker_and_a_budget_for_its_size(s3_env, tiny_models):
     client, _ = stores.list_model(
-        parse_model_uri(tiny_models["single"].uri), None, connections=node_weights.WORKERS
+        parse_model_uri(tiny_models["single"].uri), None, connections=pull.WORKERS
     )
-    assert client.meta.config.max_pool_connections == node_weights.WORKERS
-    assert node_weights.pull_timeout(10 << 30, 30.0) == 30.0 + (10 << 30) / (1 << 20)
-    assert node_weights.pull_timeout(0, 30.0) == 30.0
+    assert client.meta.config.max_pool_connections == pull.WORKERS
+    assert pull.pull_timeout(10 << 30, 30.0) == 30.0 + (10 << 30) / (1 << 20)
+    assert pull.pull_timeout(0, 30.0) == 30.0
 
 
 def test_regions_no_live_process_uses_are_swept_at_the_next_start(
@@ -279,7 +280,7 @@ def test_regions_no_live_process_uses_are_swept_at_the_next_start(
     held = base / "other-node" / "fedcba9876543210"
     (held / ".refs").mkdir(parents=True)
     (held / ".lock").touch()
-    start = node_weights._proc_start(os.getpid())
+    start = lifetime._proc_start(os.getpid())
     (held / ".refs" / f"{os.getpid()}-{start}").touch()  # this live process
     report = fetch_metadata_report(tiny_models["single"].uri)
     weights = NodeWeights(parse_model_uri(report.uri), report.weight_objects,
@@ -584,14 +585,14 @@ def test_a_region_refused_when_its_pull_starts(
     'auto' engines stream each file from the store instead, 'node' fails by the sizes."""
     from ray_stream_llm.integrations.vllm.loader import stream_weights
 
-    real = node_weights.memory_problem
+    real = memory.memory_problem
 
     def full_at_pull_time(base_dir, weight_bytes, *, region=None, **kwargs):
         if region is None:  # the check when the region is made: it fits then
             return real(base_dir, weight_bytes, **kwargs)
         return "the node has 0.10 GiB of memory available, the weights need 0.50 GiB"
 
-    monkeypatch.setattr(node_weights, "memory_problem", full_at_pull_time)
+    monkeypatch.setattr(memory, "memory_problem", full_at_pull_time)
     model = copy_model(s3_server, tiny_models["sharded"], "refused-at-pull")
     report = fetch_metadata_report(model.uri)
     first = sorted(o.path for o in report.weight_objects)[0]
@@ -607,6 +608,6 @@ def test_a_region_refused_when_its_pull_starts(
         expected = load_file(str(model.local / first))
         assert set(got) == set(expected)
         assert all(torch.equal(got[k], expected[k]) for k in expected)
-        assert "0.50 GiB" in node_weights.unshared(region)
-        assert not any(node_weights.done(region, o.path) for o in report.weight_objects)
+        assert "0.50 GiB" in pull.unshared(region)
+        assert not any(marks.done(region, o.path) for o in report.weight_objects)
     weights.release()

@@ -16,7 +16,7 @@ from helpers.waiting import wait_until
 
 from ray_stream_llm.fetch import fetch_metadata_report
 from ray_stream_llm.uri import parse_model_uri
-from ray_stream_llm.weights import region as node_weights
+from ray_stream_llm.weights import marks, pull
 from ray_stream_llm.weights.region import NodeWeights, Sharing, wait_for
 
 pytestmark = [pytest.mark.s3]
@@ -54,16 +54,16 @@ def test_the_next_job_streams_warm_weights_and_reads_no_weight_byte(
     assert len(_weight_gets(log, model.uri)) == len(objects)  # the first job pulled
     # the last engine is gone: the region stays, complete, with its deadline (set at once,
     # or by its keeper once the pull's thread has let its lock go)
-    wait_until((region / node_weights.WARM_UNTIL).exists, 30, "never kept warm")
-    assert all(node_weights.done(region, o.path) for o in objects)
+    wait_until((region / marks.WARM_UNTIL).exists, 30, "never kept warm")
+    assert all(marks.done(region, o.path) for o in objects)
 
     log = AccessLog(s3_server)
     assert _job(model.uri, objects, base, keep_warm_s=30) == region
     assert _weight_gets(log, model.uri) == {}  # the second job: no weight byte from the store
     # what its engines' reports say (pull_source, pull_bytes), and kept for ITS keep_warm_s
-    status = node_weights.pull_status(region)
+    status = pull.pull_status(region)
     assert status is not None and (status["source"], status["bytes"]) == ("kept warm", 0)
-    assert json.loads((region / node_weights.CREATED).read_text())["keep_warm_s"] == 30
+    assert json.loads((region / marks.CREATED).read_text())["keep_warm_s"] == 30
     for obj in objects:
         assert (region / obj.path).read_bytes() == (model.local / obj.path).read_bytes()
 
@@ -77,7 +77,7 @@ def test_warm_weights_are_removed_when_their_time_is_up(s3_server, s3_env, tiny_
     objects = fetch_metadata_report(model.uri).weight_objects
     region = _job(model.uri, objects, base, keep_warm_s=keep)
     released = time.time()
-    warm_until = region / node_weights.WARM_UNTIL
+    warm_until = region / marks.WARM_UNTIL
     wait_until(warm_until.exists, 30, "never kept warm")
     deadline = float(warm_until.read_text())
     # set at the release, or by its keeper after its 2 s grace once the pull's thread is done
@@ -98,8 +98,8 @@ def test_warm_weights_left_by_an_earlier_ray_session_are_adopted(
     # what an earlier session's job leaves once it has ended: its pull's record written (the
     # pull's thread can still be writing it after the engine saw its files whole; moved
     # then, the pull fails) and the region kept warm
-    assert node_weights.finished_pull(region) is not None
-    wait_until((region / node_weights.WARM_UNTIL).exists, 30, "never kept warm")
+    assert pull.finished_pull(region) is not None
+    wait_until((region / marks.WARM_UNTIL).exists, 30, "never kept warm")
     old = base / "earlier-session" / region.name
     old.parent.mkdir(parents=True)
     os.rename(region, old)
@@ -107,7 +107,7 @@ def test_warm_weights_left_by_an_earlier_ray_session_are_adopted(
     assert _job(model.uri, objects, base, keep_warm_s=60) == region
     assert _weight_gets(log, model.uri) == {}
     assert not old.exists() and not old.parent.exists()
-    status = node_weights.pull_status(region)
+    status = pull.pull_status(region)
     assert status is not None and (status["source"], status["bytes"]) == ("kept warm", 0)
 
 
@@ -121,8 +121,8 @@ def test_a_region_not_kept_warm_goes_with_its_last_engine(s3_server, s3_env, tin
     kept_warm: list[str] = []
 
     def gone() -> float | None:
-        if (region / node_weights.WARM_UNTIL).exists():
-            kept_warm.append((region / node_weights.WARM_UNTIL).read_text())
+        if (region / marks.WARM_UNTIL).exists():
+            kept_warm.append((region / marks.WARM_UNTIL).read_text())
         return None if region.exists() else time.time()
 
     removed = wait_until(gone, 30, "the region outlived its last engine", poll=0.02)

@@ -1,6 +1,6 @@
 """The node agent: one Ray actor per node (named per node, pinned to it, detached,
 ``num_cpus=0``) that cleans up after the node's engine actors, however they end, and keeps
-the node's shared weights (``weights/region.py``) until no one holds them.
+the node's shared weights (``weights/region.py``, ``weights/lifetime.py``) until no one holds them.
 
 An engine actor asks it to watch itself (:func:`watch_engine`) when it starts. The agent
 records the actor's processes (vLLM's engine core and workers are its children) and the
@@ -12,7 +12,7 @@ this as a Ray worker: Ray's own clean-up
 leftovers, and never the agent, which is no worker's child.
 
 Each actor that holds a region of the node's shared weights hands it to the agent
-(:func:`keep_region`), which runs the region's :func:`~ray_stream_llm.weights.region.reap`
+(:func:`keep_region`), which runs the region's :func:`~ray_stream_llm.weights.lifetime.reap`
 in a thread: the region is removed once no live process has held it for 2 s, or, kept warm
 (``keep_warm_s``), once its time is up. An agent keeping a region does not end.
 
@@ -154,7 +154,7 @@ class NodeAgent:
         return True
 
     def keep(self, region: str) -> bool:
-        """Keep the node's region ``region`` until it is gone (``weights.region.reap``, in a
+        """Keep the node's region ``region`` until it is gone (``weights.lifetime.reap``, in a
         thread; asked by every actor that holds it: taken once). False when this agent is
         ending (ask the node's next one)."""
         with self._lock:
@@ -171,7 +171,7 @@ class NodeAgent:
         return True
 
     def _keep(self, record: Path, region: str) -> None:
-        from ray_stream_llm.weights.region import reap
+        from ray_stream_llm.weights.lifetime import reap
 
         try:
             while True:
@@ -390,12 +390,12 @@ def retire_orphaned_regions(
     records: Path | None = None, ending: Collection[tuple[int, float]] = (), wait: float = 10.0
 ) -> list[str]:
     """In a process of the node: retire the regions the node's agents kept when their Ray
-    ended (``weights.region.retire``: removed, or kept warm), waiting up to ``wait`` s in
+    ended (``weights.lifetime.retire``: removed, or kept warm), waiting up to ``wait`` s in
     all for the raylets in ``ending`` and for the regions' holders, that Ray's workers, to
     exit. A region kept warm stays recorded: the node's next agent keeps it until its time
     is up. A record of a Ray that still runs is its agent's. The regions removed."""
     from ray_stream_llm.integrations.vllm import shm
-    from ray_stream_llm.weights.region import retire
+    from ray_stream_llm.weights.lifetime import retire
 
     removed = []
     deadline = time.monotonic() + wait

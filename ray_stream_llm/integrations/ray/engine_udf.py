@@ -48,7 +48,7 @@ from ray_stream_llm.stores.base import WAITED_OUT
 from ray_stream_llm.uri import ModelURI
 from ray_stream_llm.weights import memory
 from ray_stream_llm.weights.marks import failure
-from ray_stream_llm.weights.region import pull_error
+from ray_stream_llm.weights.pull import pull_error
 from ray_stream_llm.weights.source import WeightSource, acquire
 
 logger = logging.getLogger(__name__)

@@ -134,7 +134,7 @@ def region_identity(weights: Any) -> str | None:
     not a region directory."""
     if not isinstance(weights, str) or not weights:
         return None
-    from ray_stream_llm.weights.region import CREATED
+    from ray_stream_llm.weights.marks import CREATED
 
     path = os.path.realpath(os.path.expanduser(weights))
     if not os.path.isfile(os.path.join(path, CREATED)):

@@ -41,13 +41,8 @@ from typing import Any
 from ray_stream_llm.files import write_whole
 from ray_stream_llm.integrations.vllm import checksums
 from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV, tensor_parallel_rank
-from ray_stream_llm.weights.region import (
-    file_source,
-    objects_of,
-    planned_files,
-    region_of_dir,
-    wait_for,
-)
+from ray_stream_llm.weights.marks import objects_of
+from ray_stream_llm.weights.region import file_source, planned_files, region_of_dir, wait_for
 
 # The streamer's tuning, as the streaming process sees it (vLLM applies its
 # model_loader_extra_config to this process's environment before it streams).

@@ -34,6 +34,7 @@ from helpers.waiting import wait_until
 from ray_stream_llm.weights import memory
 from ray_stream_llm.weights import region as node_weights
 from ray_stream_llm.weights.memory import (
+    MARGIN,
     CgroupLevel,
     GiB,
     MemoryView,
@@ -42,7 +43,6 @@ from ray_stream_llm.weights.memory import (
     Tmpfs,
     derive_streamer_limit,
 )
-from ray_stream_llm.weights.region import MARGIN
 
 HERE = REPO / "examples" / "kuberay"
 MANIFEST = HERE / "rayjob.yaml"
@@ -287,6 +287,7 @@ POD_CHILD = textwrap.dedent(
     Path(cgroup, "cgroup.procs").write_text(str(os.getpid()))  # from here on, in the pod
     import psutil
     from ray_stream_llm.weights import memory
+    from ray_stream_llm.weights import memory
     from ray_stream_llm.weights import region as node_weights
 
     shm = memory.tmpfs_at(base)
@@ -296,9 +297,9 @@ POD_CHILD = textwrap.dedent(
         "cgroup": Path("/proc/self/cgroup").read_text(),
         "tmpfs": [shm.path, shm.free, shm.size],
         "binding": [view.binding.path, view.binding.limit] if view.binding else None,
-        "example": node_weights.memory_problem(base, weights),
-        "too_big": node_weights.memory_problem(base, too_big),
-        "at_edge": node_weights.memory_problem(base, at_edge),
+        "example": memory.memory_problem(base, weights),
+        "too_big": memory.memory_problem(base, too_big),
+        "at_edge": memory.memory_problem(base, at_edge),
         "host_available": [host_before, psutil.virtual_memory().available],
     }
     print("RESULT " + json.dumps(out))
@@ -311,7 +312,7 @@ POD_CHILD = textwrap.dedent(
     reason="needs root (to mount a tmpfs) and a writable cgroup v1 memory controller",
 )
 def test_the_memory_check_reads_a_pod_sized_by_the_manifest(pod):
-    """node_weights.memory_problem, the check a region's creator and its puller run, in a
+    """memory.memory_problem, the check a region's creator and its puller run, in a
     process of a pod made as the manifest sizes it (fixture ``pod``), its base under the
     pod's /dev/shm as the library's default base is: it reads the tmpfs's free and total
     bytes and the pod's memory limit as the test reads them itself (os.statvfs, the cgroup's

@@ -371,6 +371,7 @@ CHILD = textwrap.dedent(
     import psutil
     from ray_stream_llm.errors import WeightSharingError
     from ray_stream_llm.weights import memory
+    from ray_stream_llm.weights import memory, pull
     from ray_stream_llm.weights import region as node_weights
     from ray_stream_llm.weights.region import NodeWeights, Sharing
     from ray_stream_llm.stores import ObjectInfo
@@ -388,8 +389,8 @@ CHILD = textwrap.dedent(
         out["binding"] = [view.binding.path, view.binding.limit]
         out["host_available"] = psutil.virtual_memory().available
         # one engine's KV cache still to come (vLLM's CPU build: Sharing.kv_cache_engines)
-        out["two_gib"] = node_weights.memory_problem(base, 2 * GiB, kv_cache_engines=1)
-        out["hundred_mib"] = node_weights.memory_problem(base, 100 * MiB)
+        out["two_gib"] = memory.memory_problem(base, 2 * GiB, kv_cache_engines=1)
+        out["hundred_mib"] = memory.memory_problem(base, 100 * MiB)
         try:
             required = Sharing("node", base=str(base), required=True)
             NodeWeights(uri, objects(2 * GiB), required).acquire()
@@ -402,7 +403,7 @@ CHILD = textwrap.dedent(
             for _ in range(70):
                 f.write(b"x" * (10 * MiB))
         out["charged"] = before - memory.memory_view().available
-        out["after_fill"] = node_weights.memory_problem(base, 300 * MiB, kv_cache_engines=1)
+        out["after_fill"] = memory.memory_problem(base, 300 * MiB, kv_cache_engines=1)
         (base / "filler").unlink()
         # a region that fit when made; another model's region arrives before its pull starts
         region = base / "local" / "mine"
@@ -411,12 +412,12 @@ CHILD = textwrap.dedent(
         marker = {"uri": str(uri), "objects": [dataclasses.asdict(o) for o in objects(100 * MiB)],
                   "required": True}  # weight_sharing='node': the waiter fails by the sizes
         (region / ".created").write_text(json.dumps(marker))  # as NodeWeights.acquire writes it
-        out["mine_alone"] = node_weights.memory_problem(base, 100 * MiB, region=region)
+        out["mine_alone"] = memory.memory_problem(base, 100 * MiB, region=region)
         other = base / "local" / "other"
         other.mkdir()
         planned = [dataclasses.asdict(o) for o in objects(GiB)]  # nothing of it in yet
         (other / ".created").write_text(json.dumps({"objects": planned}))
-        out["started"] = node_weights.start_pull(region, uri, objects(100 * MiB))
+        out["started"] = pull.start_pull(region, uri, objects(100 * MiB))
         try:
             node_weights.wait_for(region, "model.safetensors")
         except Exception as exc:

@@ -121,7 +121,7 @@ def test_a_shared_region_keys_the_compile_cache_by_its_digest_not_its_node(tiny_
     from vllm.compilation import caching
     from vllm.engine.arg_utils import EngineArgs
 
-    from ray_stream_llm.weights.region import CREATED
+    from ray_stream_llm.weights.marks import CREATED
 
     regions = []
     for node, digest in (("node-a", "0123"), ("node-b", "0123"), ("node-b", "4567")):

@@ -1,4 +1,4 @@
-"""The node's shared region (``ray_stream_llm.weights.region``): its parts that need no
+"""The node's pull into its region (``ray_stream_llm.weights.pull``): its parts that need no
 store and no Ray.
 
 A failed pull's mark: a failed shared pull reaches its waiters as the typed error it was
@@ -27,9 +27,9 @@ import pytest
 
 from ray_stream_llm.errors import ModelNotFoundError, ObjectChangedError, RayStreamLLMError
 from ray_stream_llm.files import try_locked, write_whole
-from ray_stream_llm.weights import region as node_weights
 from ray_stream_llm.weights.marks import CREATED, FAILED, failure
-from ray_stream_llm.weights.region import finished_pull, pull_error, pull_status, wait_for
+from ray_stream_llm.weights.pull import _fail, finished_pull, pull_error, pull_status
+from ray_stream_llm.weights.region import wait_for
 
 NAME = "model.safetensors"
 PREFIX = "the shared pull of the weights failed: "
@@ -45,7 +45,7 @@ def region(tmp_path: Path) -> Path:
 
 def test_a_library_error_is_raised_as_its_class_with_its_message(region):
     cause = ObjectChangedError(f"{NAME!r} of 's3://models/m/' changed in the store")
-    node_weights._fail(region, cause)
+    _fail(region, cause)
     assert json.loads((region / FAILED).read_text()) == {
         "class": "ObjectChangedError",
         "message": str(cause),
@@ -59,7 +59,7 @@ def test_a_library_error_is_raised_as_its_class_with_its_message(region):
 
 
 def test_each_library_class_keeps_its_builtin(region):
-    node_weights._fail(region, ModelNotFoundError(f"{NAME!r} is no longer in the store"))
+    _fail(region, ModelNotFoundError(f"{NAME!r} is no longer in the store"))
     with pytest.raises(FileNotFoundError) as err:
         wait_for(region, NAME, timeout=5)
     assert type(err.value) is ModelNotFoundError, err.value
@@ -71,7 +71,7 @@ def test_each_library_class_keeps_its_builtin(region):
     [OSError(28, "No space left on device"), ValueError("bad range"), RuntimeError("boom")],
 )
 def test_any_other_error_stays_a_runtime_error_naming_its_class(region, error):
-    node_weights._fail(region, error)
+    _fail(region, error)
     with pytest.raises(RuntimeError) as err:
         wait_for(region, NAME, timeout=5)
     assert type(err.value) is RuntimeError

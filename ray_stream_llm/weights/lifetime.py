@@ -1,0 +1,240 @@
+"""How long a node's region lives: its holders, its keeper, kept warm, retired.
+
+Clean-up is reference counted: each process that holds a region adds
+``.refs/<pid>-<start time>`` (:func:`add_ref`) and drops it when done (:func:`drop_ref`); the
+last one retires the region: removed, or, whole and asked to be kept warm
+(``keep_warm_s``), kept until ``.warm_until``. A process that is killed cannot drop its
+reference, so every holder hands the region to its *keeper*: in a Ray job the node's agent
+(``integrations/ray/agent.py``, an actor), which runs :func:`reap` until the region is gone;
+outside Ray a thread of the holding process (:func:`reap_in_thread`). A region whose keeper
+ended too (its Ray shut down, its driver killed) is retired by the next region made on the
+node (:func:`sweep_regions`) or by the driver's exit (:func:`retire`); a warm one left under
+an earlier Ray session's node id is taken by the next job of the same weights
+(:func:`adopt_warm`).
+
+The region's lock is :func:`ray_stream_llm.files.locked` (its limits are stated there), of
+the local node: regions are per node by design.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from ray_stream_llm.files import locked, write_whole
+from ray_stream_llm.weights.marks import (
+    CREATED,
+    FAILED,
+    WARM_UNTIL,
+    done,
+    keep_warm_s,
+    marker,
+    objects_of,
+)
+from ray_stream_llm.weights.pull import pull_free
+
+logger = logging.getLogger(__name__)
+
+
+def _proc_start(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def live_refs(region: Path) -> list[Path]:
+    live = []
+    for ref in (region / ".refs").glob("*"):
+        pid, _, start = ref.name.partition("-")
+        if pid.isdigit() and _proc_start(int(pid)) == start:
+            live.append(ref)
+        else:
+            ref.unlink(missing_ok=True)  # its process is gone
+    return live
+
+
+def add_ref(region: Path) -> Path:
+    """This process's reference to ``region`` (under :func:`region_lock`)."""
+    ref = region / ".refs" / f"{os.getpid()}-{_proc_start(os.getpid())}"
+    ref.touch()
+    return ref
+
+
+def drop_ref(region: Path, ref: Path) -> None:
+    """Drop ``ref``; the last holder retires the region (removed, or kept warm)."""
+    with region_lock(region):
+        ref.unlink(missing_ok=True)
+        if not live_refs(region) and pull_free(region):
+            _retire(region)
+
+
+@contextlib.contextmanager
+def region_lock(region: Path) -> Iterator[None]:
+    """The region's lock, on the region that exists now (re-made if its keeper removed it)."""
+    while True:
+        (region / ".refs").mkdir(parents=True, exist_ok=True)
+        try:
+            held = locked(region / ".lock")
+        except FileNotFoundError:  # the region went while this process waited
+            continue
+        with held:
+            yield
+            return
+
+
+def _complete(region: Path) -> bool:
+    try:
+        objects = objects_of(region)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return not (region / FAILED).exists() and all(done(region, o.path) for o in objects)
+
+
+def _retire(region: Path) -> bool:
+    """Under the region's lock, when no live process holds it and no one pulls into it:
+    keep a complete region warm until its deadline (set now, the first time), else remove
+    it. True when it was removed."""
+    keep = keep_warm_s(region)
+    if keep > 0 and _complete(region):
+        if not (region / WARM_UNTIL).exists():
+            (region / WARM_UNTIL).write_text(repr(time.time() + keep))
+            logger.info("Shared weights in %s kept warm for %.0fs for a later job", region, keep)
+        if _warm(region):
+            return False
+    shutil.rmtree(region, ignore_errors=True)
+    _remove_empty_parents(region)
+    return True
+
+
+def adopt_warm(region: Path) -> bool:
+    """Move a warm region of the same weights that an earlier Ray session of this host left
+    under another node id to ``region`` (Ray gives a node a new id each session); True
+    when one was adopted. A region still referenced, or no longer warm, is left alone."""
+    if region.exists():
+        return False
+    for other in sorted(region.parent.parent.glob(f"*/{region.name}")):
+        if other == region or not (other / WARM_UNTIL).exists():
+            continue
+        with region_lock(other):
+            if region.exists() or live_refs(other) or not pull_free(other) or not _warm(other):
+                continue
+            region.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(other, region)
+        _remove_empty_parents(other)
+        logger.info("Adopted the warm shared weights of %s as %s", other, region)
+        return True
+    return False
+
+
+def reuse_warm(region: Path, keep_warm_s: float) -> None:
+    """A copy kept warm by an earlier job, taken by this one: its pull record says so (this
+    job's engines read no byte of the store: their reports say ``pull_source: "kept warm"``,
+    ``pull_bytes: 0``), and it is kept after this job for this job's ``keep_warm_s``."""
+    now = time.time()
+    record = {"started": now, "finished": now, "bytes": 0, "source": "kept warm"}
+    write_whole(region / ".pull.json", json.dumps({**record, "pid": os.getpid()}))
+    write_whole(region / CREATED, json.dumps({**marker(region), "keep_warm_s": keep_warm_s}))
+
+
+def sweep_regions(base: Path, *, keep: Path | None = None, warm_too: bool = False) -> list[Path]:
+    """Retire the regions under ``base`` that no live process references and no one pulls
+    into (left by a job whose keeper ended with it, or under an old Ray node id), except
+    ``keep``: each is removed, or, whole and asked to be kept warm, kept from now on for its
+    ``keep_warm_s`` (:func:`_retire`); with ``warm_too`` (room is needed) removed even then.
+    The regions removed. Each is checked under its own lock, as its keeper would."""
+    removed = []
+    for region in sorted(base.glob("*/*")):
+        if region == keep or not (region / ".lock").is_file():
+            continue
+        with region_lock(region):
+            if live_refs(region) or not pull_free(region):
+                continue
+            if warm_too:
+                shutil.rmtree(region, ignore_errors=True)
+                _remove_empty_parents(region)
+            elif not _retire(region):
+                continue
+            removed.append(region)
+    if removed:
+        logger.info("Removed %d shared region(s) no live process used: %s", len(removed), removed)
+    return removed
+
+
+def _warm(region: Path) -> bool:
+    """Whether the region is kept warm for a later job (``.warm_until`` in the future)."""
+    try:
+        return float((region / WARM_UNTIL).read_text()) > time.time()
+    except (OSError, ValueError):
+        return False
+
+
+def reap(region: Path, *, grace: float = 2.0, poll: float = 0.5) -> None:
+    """Keep ``region`` until it is gone: retire it (:func:`_retire`) once no live process
+    has held a reference or pulled into it for ``grace`` seconds, and, kept warm, remove it
+    once its time is up and no job took it again. The keeper's loop."""
+    idle_since: float | None = None
+    while region.exists():
+        if live_refs(region) or not pull_free(region):
+            idle_since = None
+        elif idle_since is None:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since >= grace:
+            with region_lock(region):
+                if not live_refs(region) and pull_free(region) and _retire(region):
+                    return
+        time.sleep(poll)
+
+
+_reaping: set[Path] = set()
+
+
+_reaping_lock = threading.Lock()
+
+
+def reap_in_thread(region: Path) -> None:
+    """The keeper of a process with no node agent (outside Ray: a test, a tool): a daemon
+    thread of this process runs :func:`reap`, once per region. It ends with the process;
+    what it kept is then retired by the node's next region (:func:`sweep_regions`)."""
+
+    def run() -> None:
+        while True:
+            reap(region)
+            with _reaping_lock:  # made again as this thread ended: kept on
+                if not region.exists():
+                    _reaping.discard(region)
+                    return
+
+    with _reaping_lock:
+        if region in _reaping:
+            return
+        _reaping.add(region)
+    threading.Thread(target=run, name="rsl-reap", daemon=True).start()
+
+
+def retire(region: Path, wait: float = 0.0) -> bool:
+    """Retire ``region`` as its keeper would once no live process holds it (waiting up to
+    ``wait`` s for its holders to exit): removed, or kept warm. True when it is gone (or was
+    already); False while it is held, pulled into or kept warm."""
+    deadline = time.monotonic() + wait
+    while region.exists():
+        with region_lock(region):
+            if not live_refs(region) and pull_free(region):
+                return _retire(region)
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _remove_empty_parents(region: Path) -> None:
+    for parent in (region.parent, region.parent.parent):
+        with contextlib.suppress(OSError):
+            parent.rmdir()  # only when empty

@@ -1,0 +1,384 @@
+"""The node's one pull of the weights into its region, and how its waiters learn its end.
+
+The first stage actor or engine of a node that finds files missing takes ``.pull.lock``
+(:func:`start_pull`) and reads each object from the store (or from a peer node's region:
+:mod:`ray_stream_llm.weights.peers`) with parallel ranged GETs, file by file, writing the
+ranges into ``.partial/<name>``; once every byte is in and its size (and MD5, where the ETag
+is one) checked, the file is renamed to ``<name>``, so no reader ever sees a file under its
+name that is still being written. A pull that fails writes ``.failed`` (the error's class
+and message), which fails every waiting engine with that typed error (:func:`pull_error`);
+a puller that dies releases its lock, and a waiting engine takes the pull over
+(:func:`take_over`), resuming each partial file from its recorded prefix. The lock is
+:func:`ray_stream_llm.files.try_locked` (its limits are stated there).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import hashlib
+import itertools
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ray_stream_llm import errors
+from ray_stream_llm.errors import (
+    ModelNotFoundError,
+    ObjectChangedError,
+    RayStreamLLMError,
+    WeightSharingError,
+)
+from ray_stream_llm.files import HeldLock, try_locked, write_whole
+from ray_stream_llm.stores import ObjectInfo, StoreDeadline
+from ray_stream_llm.uri import ModelURI, parse_model_uri
+from ray_stream_llm.weights import memory
+from ray_stream_llm.weights.marks import (
+    FAILED,
+    UNSHARED,
+    budget,
+    done,
+    failure,
+    kv_cache_engines,
+    marker,
+    objects_of,
+    partial,
+    progress,
+    record_digest,
+    record_failure,
+    record_progress,
+    required,
+)
+
+logger = logging.getLogger(__name__)
+
+CHUNK = 8 << 20  # bytes per ranged GET
+
+
+WORKERS = 16  # parallel ranged GETs, each on a connection of its own
+
+
+MIN_PULL_RATE = 1 << 20  # bytes/s: a pull slower than this over its whole size is stuck
+
+
+def pull_timeout(weight_bytes: int, store_timeout_s: float | None = None) -> float:
+    """Seconds a pull of ``weight_bytes`` may take before its waiters give up: the store's
+    budget for one call (``RAY_STREAM_LLM_STORE_TIMEOUT_S``, ObjectStoreConfig.timeout_s)
+    plus the size at :data:`MIN_PULL_RATE`."""
+    budget = store_timeout_s if store_timeout_s is not None else StoreDeadline().total
+    return budget + weight_bytes / MIN_PULL_RATE
+
+
+def pull_free(region: Path) -> bool:
+    """Whether no process is pulling into ``region`` (its pull lock is free)."""
+    try:
+        held = try_locked(region / ".pull.lock")
+    except OSError:
+        return True
+    if held is None:
+        return False
+    held.release()
+    return True
+
+
+def start_pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...]) -> bool:
+    """Pull what is missing in a background thread, unless all is there or someone is
+    pulling; True when this process pulls."""
+    if all(done(region, o.path) for o in objects):
+        _serve_peers(region)
+        return False
+    held = try_locked(region / ".pull.lock")
+    if held is None:
+        return False
+    (region / FAILED).unlink(missing_ok=True)  # a new attempt
+    thread = threading.Thread(
+        target=_pull, args=(region, uri, objects, held), daemon=True, name="rsl-node-pull"
+    )
+    thread.start()
+    return True
+
+
+def _serve_peers(region: Path) -> None:
+    """A whole region serves the nodes that join later (kept warm from an earlier Ray
+    session, its peer actors gone with that session): :func:`peers.serve`."""
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        if fanout := int(marker(region).get("peers") or 0):
+            from ray_stream_llm.weights import peers
+
+            peers.serve(region, fanout)
+
+
+def _changed(listed: dict[str, ObjectInfo], objects: tuple[ObjectInfo, ...]) -> list[str]:
+    """The objects whose size or ETag in the store's listing now is not what the region was
+    made for."""
+    return [
+        o.path
+        for o in objects
+        if (now := listed.get(o.path)) is not None and (now.size, now.etag) != (o.size, o.etag)
+    ]
+
+
+def _md5_of(etag: str) -> str | None:
+    """The object's MD5 when its ETag is one (a single-part S3 upload: 32 hex digits)."""
+    hexdigits = len(etag) == 32 and all(c in "0123456789abcdefABCDEF" for c in etag)
+    return etag.lower() if hexdigits else None
+
+
+Read = Callable[[str, int, int], bytes]  # (object path, first byte, last byte) -> bytes
+
+
+def _pull_file(
+    uri: ModelURI,
+    obj: ObjectInfo,
+    region: Path,
+    read: Read,
+    pool: Any,
+    expected: Callable[[str], tuple[str, str] | None] | None = None,
+) -> int:
+    """One object into ``.partial/<name>`` with parallel ranged reads (the store's GETs
+    pinned to the listed ETag, or a peer's region), renamed to ``<name>`` once whole and
+    checked; the bytes read. Every range is checked for length, the total against the
+    listing, the MD5 against the ETag where the ETag is one, and the sha256 against the one
+    the serving peer's own pull recorded (``expected``: ``(digest, peer)``, or None where
+    the store was read); both hashed in order, while the ranges after it are still arriving.
+    The sha256 is recorded (``.sha256/<name>``) before the rename, for the peers this node
+    serves. The file's contiguous prefix is recorded as it grows, for those peers; a
+    partial file that a dead puller left is resumed from that prefix (hashed again from the
+    file). A file that fails a check is removed."""
+    path = partial(region, obj.path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    md5 = hashlib.md5(usedforsecurity=False) if _md5_of(obj.etag) else None
+    sha = hashlib.sha256()
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def fetch(span: tuple[int, int]) -> tuple[int, bytes]:
+        data = read(obj.path, span[0], span[1])
+        if len(data) != span[1] - span[0] + 1:
+            raise RayStreamLLMError(
+                f"{obj.path!r} of {str(uri)!r}: got {len(data)} bytes for bytes "
+                f"{span[0]}-{span[1]}; the connection was cut"
+            )
+        return os.pwrite(fd, data, span[0]), data
+
+    try:
+        # the prefix a puller before this one wrote and recorded (0 for a new file)
+        written = have = min(progress(region, obj.path), os.fstat(fd).st_size, obj.size)
+        for offset in range(0, have, CHUNK):
+            data = os.pread(fd, min(CHUNK, have - offset), offset)
+            sha.update(data)
+            if md5 is not None:
+                md5.update(data)
+        ranges = [(s, min(s + CHUNK, obj.size) - 1) for s in range(have, obj.size, CHUNK)]
+        window: collections.deque[concurrent.futures.Future[tuple[int, bytes]]]
+        window = collections.deque()
+        pending = iter(ranges)
+        for span in itertools.islice(pending, 2 * WORKERS):
+            window.append(pool.submit(fetch, span))
+        while window:
+            wrote, data = window.popleft().result()
+            written += wrote
+            record_progress(region, obj.path, written)  # in order: no gap before
+            sha.update(data)
+            if md5 is not None:
+                md5.update(data)
+            for span in itertools.islice(pending, 1):
+                window.append(pool.submit(fetch, span))
+    finally:
+        os.close(fd)
+    problem: RayStreamLLMError | None = None
+    peer = expected(obj.path) if expected is not None and written == obj.size else None
+    if written != obj.size:
+        problem = RayStreamLLMError(
+            f"{obj.path!r} of {str(uri)!r}: {written} bytes written to {path}, the listing said "
+            f"{obj.size}; is {region} full?"
+        )
+    elif md5 is not None and md5.hexdigest() != _md5_of(obj.etag):
+        problem = ObjectChangedError(
+            f"{obj.path!r} of {str(uri)!r}: the bytes read have MD5 {md5.hexdigest()}, the "
+            f"store's ETag says {obj.etag}; the object is damaged or changed while it was read"
+        )
+    elif peer is not None and peer[0] != sha.hexdigest():
+        problem = ObjectChangedError(
+            f"{obj.path!r} of {str(uri)!r}: the bytes copied from {peer[1]} have sha256 "
+            f"{sha.hexdigest()}, that node's own pull of the store recorded {peer[0]}; a byte "
+            "was damaged in that node's memory or on the way, and none of it is served: run the "
+            "job again (weight_peers=0 reads the store on every node)"
+        )
+    if problem is not None:  # the next pull starts the file again
+        with contextlib.suppress(OSError):  # (a region removed meanwhile has no file)
+            record_progress(region, obj.path, 0)
+            path.unlink(missing_ok=True)
+        raise problem
+    record_digest(region, obj.path, sha.hexdigest())
+    (region / obj.path).parent.mkdir(parents=True, exist_ok=True)
+    os.rename(path, region / obj.path)  # whole and checked: readers see it from now on
+    return written - have
+
+
+def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock: HeldLock) -> None:
+    from ray_stream_llm import stores
+
+    started = time.time()
+    pulled = 0
+    try:
+        if problem := memory.memory_problem(
+            region.parent.parent,
+            sum(o.size for o in objects),
+            region=region,
+            kv_cache_engines=kv_cache_engines(region),
+        ):
+            message = f"{str(uri)!r} not pulled into {region}: {problem}"
+            if not required(region):  # 'auto': the engines stream from the store instead
+                write_whole(region / UNSHARED, message)
+                logger.warning("%s; its engines stream from the store", message)
+                return
+            raise WeightSharingError(message)
+        deadline = StoreDeadline(  # a store down between ranges is waited out, then resumed
+            pull_timeout(sum(o.size for o in objects), budget(region)), wait_out_outages=True
+        )
+        client, listing = stores.list_model(uri, None, deadline, connections=WORKERS)
+        listed = {o.path: o for o in listing}
+        gone = [o.path for o in objects if o.path not in listed]
+        if gone:
+            raise ModelNotFoundError(
+                f"{', '.join(repr(p) for p in gone[:5])} of {str(uri)!r} is no longer in the "
+                "store (it was when this job listed the model); upload it again, or run the "
+                "job on the model as it is now"
+            )
+        changed = _changed(listed, objects)
+        if changed:
+            raise ObjectChangedError(
+                f"{', '.join(repr(p) for p in changed[:5])} of {str(uri)!r} changed in the "
+                "store since this job listed the model (size or ETag); nothing of it was "
+                "shared: run the job again to load the new version"
+            )
+        missing = [o for o in objects if not done(region, o.path)]
+        etags = {o.path: o.etag for o in objects}
+
+        def store_read(name: str, first: int, last: int) -> bytes:
+            return stores.read(client, uri, name, deadline, first, last, etag=etags[name])
+
+        read: Read = store_read
+        peer = None
+        if missing and marker(region).get("peers"):
+            from ray_stream_llm.weights import peers
+
+            peer = peers.join(region, store_read, int(marker(region)["peers"]))
+            read = peer or store_read
+        with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
+            expected = peer.digest if peer else None
+            for obj in missing:  # file by file, its ranges in parallel
+                pulled += _pull_file(uri, obj, region, read, pool, expected)
+        status: dict[str, Any] = {
+            "started": started,
+            "finished": time.time(),
+            "bytes": pulled,
+            "pid": os.getpid(),
+        }
+        status.update(peer.status() if peer else {"source": "store"})
+        write_whole(region / ".pull.json", json.dumps(status))
+        logger.info(
+            "Pulled %d bytes of %s into %s in %.2fs from %s (shared by this node's engines)",
+            pulled,
+            uri,
+            region,
+            time.time() - started,
+            status["source"],
+        )
+    except Exception as exc:  # every waiting engine fails with it
+        if _exiting(exc):  # this process is going away, not the store: a waiter takes over
+            logger.warning("The shared pull of %s stops with its process: %s", uri, exc)
+            return
+        _fail(region, exc)
+        logger.warning("The shared pull of %s failed: %s: %s", uri, type(exc).__name__, exc)
+    finally:
+        lock.release()
+
+
+def unshared(region: str | Path) -> str | None:
+    """Why the region was given up for streaming from the store ('auto' only), or None."""
+    try:
+        return (Path(region) / UNSHARED).read_text()
+    except OSError:
+        return None
+
+
+def _exiting(exc: BaseException) -> bool:
+    """Whether ``exc`` says this process is shutting down (a stage actor that Ray retires
+    while its pull thread runs: the pool refuses new work), not that the pull failed."""
+    return sys.is_finalizing() or (
+        isinstance(exc, RuntimeError) and "cannot schedule new futures" in str(exc)
+    )
+
+
+def _fail(region: Path, error: BaseException) -> None:
+    """Tell every waiter the pull failed: ``.failed`` with the error's class and message, or,
+    where it cannot be written (the region's memory is full), an empty ``.failed``, which
+    waiters read as a failure whose message was lost. Only a region that is gone takes no
+    mark, and its waiters fail on that."""
+    try:
+        record_failure(region, error)
+    except OSError:
+        with contextlib.suppress(OSError):
+            (region / FAILED).touch()
+
+
+def pull_error(region: str | Path) -> Exception | None:
+    """The error a waiter of ``region`` fails with when its pull failed (None when it did
+    not): the library's typed class the pull failed with (a class of
+    :mod:`ray_stream_llm.errors`, so ``except ObjectChangedError`` catches it in the
+    engine's process, and the builtin it subclasses too); any other error, or a mark that
+    names no class (an older release's plain text, or an empty mark), is a
+    ``RuntimeError``. The message starts "the shared pull of the weights failed: "."""
+    found = failure(Path(region))
+    if found is None:
+        return None
+    name, message = found
+    cls = getattr(errors, name, None) if name else None
+    if isinstance(cls, type) and issubclass(cls, errors.RayStreamLLMError):
+        return cls(f"the shared pull of the weights failed: {message}")
+    if name:
+        message = f"{name}: {message}"
+    message = message or "its message could not be written (memory full?)"
+    return RuntimeError(f"the shared pull of the weights failed: {message}")
+
+
+def pull_status(region: str | Path) -> dict[str, Any] | None:
+    """The record of the pull that filled ``region`` (``.pull.json``), None before it is
+    written: the pull writes it just after its last file is whole."""
+    try:
+        status: dict[str, Any] = json.loads((Path(region) / ".pull.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return status
+
+
+def finished_pull(region: str | Path, timeout: float = 30.0) -> dict[str, Any] | None:
+    """:func:`pull_status` once the pull has ended: a reader that saw the last file whole
+    can come before the record; it waits while the pull still holds its lock (up to
+    ``timeout`` s). None where no pull ended with a record (it failed, or never ran)."""
+    deadline = time.monotonic() + timeout
+    while (status := pull_status(region)) is None and time.monotonic() < deadline:
+        if pull_free(Path(region)):
+            return pull_status(region)  # ended meanwhile, or no pull holds it
+        time.sleep(0.05)
+    return status
+
+
+def take_over(region: Path) -> None:
+    """The puller died: pull the missing files from this process (the store settings are
+    in its environment), pinned to the objects the region was made for."""
+    try:
+        meta = marker(region)
+        objects = objects_of(region)
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if start_pull(region, parse_model_uri(meta["uri"]), objects):
+        logger.warning("The puller of %s is gone: this engine pulls the rest", region)

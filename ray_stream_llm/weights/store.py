@@ -1,0 +1,41 @@
+"""An engine's weights streamed from the store: vLLM's Run:ai loader reads every file from
+the model's URI (a :class:`~ray_stream_llm.weights.source.WeightSource`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ray_stream_llm.fetch import FetchReport
+from ray_stream_llm.uri import ModelURI
+
+if TYPE_CHECKING:
+    from ray_stream_llm.weights.source import WeightSource
+
+
+class StoreWeights:
+    """Every file streamed from the store."""
+
+    def __init__(self, uri: ModelURI, fetched: FetchReport, sharing: str = "off"):
+        self.uri, self.fetched, self._sharing = uri, fetched, sharing
+
+    @property
+    def model_weights(self) -> str:
+        return str(self.uri)
+
+    @property
+    def sharing(self) -> str:
+        return self._sharing
+
+    fills_while_read = False
+
+    def prepare(self) -> WeightSource:
+        return self
+
+    def sizes(self) -> dict[str, int]:
+        return dict(self.fetched.streamable)
+
+    def pull(self) -> dict[str, Any] | None:
+        return None
+
+    def release(self) -> None:
+        pass
