@@ -70,10 +70,13 @@ def add_ref(region: Path) -> Path:
 
 def drop_ref(region: Path, ref: Path) -> None:
     """Drop ``ref``; the last holder retires the region (removed, or kept warm)."""
-    with region_lock(region):
-        ref.unlink(missing_ok=True)
-        if not live_refs(region) and pull_free(region):
-            _retire(region)
+    ref.unlink(missing_ok=True)
+    retire(region)
+
+
+def _idle(region: Path) -> bool:
+    """Whether no live process holds ``region`` and none pulls into it (under its lock)."""
+    return not live_refs(region) and pull_free(region)
 
 
 @contextlib.contextmanager
@@ -109,8 +112,7 @@ def _retire(region: Path) -> bool:
             logger.info("Shared weights in %s kept warm for %.0fs for a later job", region, keep)
         if _warm(region):
             return False
-    shutil.rmtree(region, ignore_errors=True)
-    _remove_empty_parents(region)
+    _remove(region)
     return True
 
 
@@ -124,7 +126,7 @@ def adopt_warm(region: Path) -> bool:
         if other == region or not (other / WARM_UNTIL).exists():
             continue
         with region_lock(other):
-            if region.exists() or live_refs(other) or not pull_free(other) or not _warm(other):
+            if region.exists() or not _idle(other) or not _warm(other):
                 continue
             region.parent.mkdir(parents=True, exist_ok=True)
             os.rename(other, region)
@@ -155,11 +157,10 @@ def sweep_regions(base: Path, *, keep: Path | None = None, warm_too: bool = Fals
         if region == keep or not (region / ".lock").is_file():
             continue
         with region_lock(region):
-            if live_refs(region) or not pull_free(region):
+            if not _idle(region):
                 continue
             if warm_too:
-                shutil.rmtree(region, ignore_errors=True)
-                _remove_empty_parents(region)
+                _remove(region)
             elif not _retire(region):
                 continue
             removed.append(region)
@@ -182,20 +183,16 @@ def reap(region: Path, *, grace: float = 2.0, poll: float = 0.5) -> None:
     once its time is up and no job took it again. The keeper's loop."""
     idle_since: float | None = None
     while region.exists():
-        if live_refs(region) or not pull_free(region):
+        if not _idle(region):
             idle_since = None
         elif idle_since is None:
             idle_since = time.monotonic()
-        elif time.monotonic() - idle_since >= grace:
-            with region_lock(region):
-                if not live_refs(region) and pull_free(region) and _retire(region):
-                    return
+        elif time.monotonic() - idle_since >= grace and retire(region):
+            return
         time.sleep(poll)
 
 
 _reaping: set[Path] = set()
-
-
 _reaping_lock = threading.Lock()
 
 
@@ -226,12 +223,17 @@ def retire(region: Path, wait: float = 0.0) -> bool:
     deadline = time.monotonic() + wait
     while region.exists():
         with region_lock(region):
-            if not live_refs(region) and pull_free(region):
+            if _idle(region):
                 return _retire(region)
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.1)
     return True
+
+
+def _remove(region: Path) -> None:
+    shutil.rmtree(region, ignore_errors=True)
+    _remove_empty_parents(region)
 
 
 def _remove_empty_parents(region: Path) -> None:

@@ -39,7 +39,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -363,27 +363,38 @@ def finish_orphaned(
     start time) of a Ray shut down just now, given up to ``wait`` s in all to end
     (``ray.shutdown()`` does not wait for them). A record of a Ray that still runs is its
     agent's. The engines cleaned up after."""
-    from ray_stream_llm.integrations.vllm import shm
-
-    records = records or state_dir()
-    if not records.is_dir() or not any(records.glob("*.json")):
-        return []
     finished = []
-    deadline = time.monotonic() + wait
-    for record in sorted(records.glob("*.json")):
+    for record, state in _left_by_ended_rays(records or state_dir(), "*.json", ending, wait):
         try:
-            state = json.loads(record.read_text())
-            raylet = tuple(state.get("raylet") or (0, 0.0))
-            while raylet in ending and shm.is_running(*raylet) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if shm.is_running(*raylet):
-                continue  # a running Ray's: its agent finishes it
             _finish(state, grace=0.0, term_wait=0.0, poll=0.1)
             finished.append(state["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             logger.warning("cannot finish the node agent's record %s", record, exc_info=True)
         record.unlink(missing_ok=True)
     return finished
+
+
+def _left_by_ended_rays(
+    records: Path, pattern: str, ending: Collection[tuple[int, float]], wait: float
+) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """The records under ``records`` (``pattern``) of agents whose Ray is gone, each with its
+    state; the raylets in ``ending`` are given up to ``wait`` s in all to end. A record of a
+    Ray that still runs is its agent's, and one that cannot be read is removed."""
+    from ray_stream_llm.integrations.vllm import shm
+
+    deadline = time.monotonic() + wait
+    for record in sorted(records.glob(pattern)):
+        try:
+            state = json.loads(record.read_text())
+            raylet = tuple(state.get("raylet") or (0, 0.0))
+        except (OSError, ValueError, TypeError):
+            logger.warning("cannot read the node agent's record %s", record, exc_info=True)
+            record.unlink(missing_ok=True)
+            continue
+        while raylet in ending and shm.is_running(*raylet) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not shm.is_running(*raylet):
+            yield record, state
 
 
 def retire_orphaned_regions(
@@ -394,19 +405,13 @@ def retire_orphaned_regions(
     all for the raylets in ``ending`` and for the regions' holders, that Ray's workers, to
     exit. A region kept warm stays recorded: the node's next agent keeps it until its time
     is up. A record of a Ray that still runs is its agent's. The regions removed."""
-    from ray_stream_llm.integrations.vllm import shm
     from ray_stream_llm.weights.lifetime import retire
 
     removed = []
     deadline = time.monotonic() + wait
-    for record in sorted((records or state_dir()).glob("regions/*.json")):
+    left = _left_by_ended_rays(records or state_dir(), "regions/*.json", ending, wait)
+    for record, state in left:
         try:
-            state = json.loads(record.read_text())
-            raylet = tuple(state.get("raylet") or (0, 0.0))
-            while raylet in ending and shm.is_running(*raylet) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if shm.is_running(*raylet):
-                continue  # a running Ray's: its agent keeps it
             if retire(Path(state["region"]), wait=max(0.0, deadline - time.monotonic())):
                 record.unlink(missing_ok=True)
                 removed.append(state["region"])
