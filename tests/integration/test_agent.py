@@ -140,6 +140,88 @@ def test_a_killed_engines_leftovers_are_gone_within_20_s_and_the_agent_then_ends
         Path(f"/dev/shm/{name}").unlink(missing_ok=True)
 
 
+_AGENT_KILLED = _driver("""
+    name, rpc_dir, temp, base = sys.argv[1:5]
+    ray.init(num_cpus=1, include_dashboard=False, _temp_dir=temp)
+    from ray_stream_llm.actors import NAMESPACE
+    from ray_stream_llm.integrations.ray.agent import agent_name
+
+    def agents():
+        return [p.pid for p in psutil.process_iter(["cmdline"])
+                if "ray::NodeAgent" in " ".join(p.info["cmdline"] or [])]
+
+    def until(check, what, timeout=60):
+        deadline = time.monotonic() + timeout
+        while not check():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.05)
+
+    engine = Engine.remote()  # held: an actor whose handles are gone is ended by Ray
+    actor, kid, log, region = ray.get(engine.start.remote(name, [rpc_dir], base))
+    node = ray.get_runtime_context().get_node_id()
+    agent = ray.get_actor(agent_name(node), namespace=NAMESPACE)
+    until(lambda: ray.get(agent.keeping.remote()) == [region], "the agent keeps the region")
+    [first] = agents()
+    os.kill(first, signal.SIGKILL)  # the agent alone, as a memory monitor or an operator may
+    killed = time.monotonic()
+    until(lambda: agents() not in ([], [first]), "a restarted agent")
+    again = {"keeping": ray.get(agent.keeping.remote()),
+             "watching": ray.get(agent.watching.remote())}
+    restarted_s = time.monotonic() - killed
+    os.kill(actor, signal.SIGKILL)  # then the engine: what it left is the restarted agent's
+    killed = time.monotonic()
+
+    def clean():
+        gone = not psutil.pid_exists(kid) or psutil.Process(kid).status() == "zombie"
+        return (gone and not os.path.exists("/dev/shm/" + name) and not os.path.exists(rpc_dir)
+                and not os.path.exists(region))
+
+    while not clean() and time.monotonic() - killed < 20:
+        time.sleep(0.05)
+    clean_s = time.monotonic() - killed if clean() else None
+    print(json.dumps({"actor": actor, "region": region, "again": again, "clean_s": clean_s,
+                      "restarted_s": restarted_s}), flush=True)
+    ray.shutdown()
+""")
+
+
+def test_a_killed_agent_is_restarted_and_keeps_what_it_kept(work):
+    """The agent alone is SIGKILLed while an engine it watches holds a region: Ray restarts
+    it, the restarted agent takes its records up again (it keeps the region and watches the
+    engine), and when the engine is then SIGKILLed its processes, segment, directory and
+    region are gone within 20 s, as with the agent that was never killed."""
+    import subprocess
+
+    name = f"psm_rsl{uuid.uuid4().hex[:8]}again"
+    base = work / "regions"
+    rpc_dir = work / "rsl-rpc-engine"
+    rpc_dir.mkdir()
+    script = work / "agent_killed.py"
+    script.write_text(_AGENT_KILLED)
+    env = {**os.environ, "RAY_TMPDIR": str(work)}
+    try:
+        done = subprocess.run(
+            [sys.executable, str(script), name, str(rpc_dir), str(work / "ray"), str(base)],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        # the line the driver prints (the raylet's own, on the killed workers, may follow)
+        [line] = [x for x in done.stdout.splitlines() if x.startswith('{"actor"')]
+        out = json.loads(line)
+        assert out["again"] == {"keeping": [out["region"]], "watching": [out["actor"]]}
+        assert out["clean_s"] is not None, list(base.rglob("*"))
+        print(
+            f"\nrestarted {out['restarted_s']:.1f} s after the SIGKILL of the agent; "
+            f"clean {out['clean_s']:.1f} s after the engine's"
+        )
+        assert not list(base.rglob("*")), list(base.rglob("*"))
+    finally:
+        Path(f"/dev/shm/{name}").unlink(missing_ok=True)
+
+
 def test_a_new_agent_finishes_what_a_killed_one_left(local_ray, tmp_path):
     """An agent that ended with its Ray left a record of an engine whose child still runs and
     maps its segment: the node's next agent ends the child and removes the segment."""

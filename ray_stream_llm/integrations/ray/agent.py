@@ -25,7 +25,10 @@ recorded processes still running (pid and start time both match) and removes the
 recorded segments no process maps, and retires the recorded regions (removed, or kept warm:
 the node's next agent, or next region, removes one once its time is up). A driver that was
 killed leaves the records to the node's next agent, which does the same before anything
-else. With nothing to watch or keep for ``IDLE_S`` seconds the agent ends itself.
+else. An agent killed on its own (Ray's memory monitor, an operator) is restarted by Ray
+(``MAX_RESTARTS``) and takes its records up again: it watches the engines that still run,
+finishes those that ended meanwhile, and keeps the recorded regions. With nothing to watch
+or keep for ``IDLE_S`` seconds the agent ends itself (and is not restarted).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from ray_stream_llm.files import write_whole
 logger = logging.getLogger(__name__)
 
 IDLE_S = 10.0  # an agent with nothing to watch this long ends itself
+MAX_RESTARTS = 3  # an agent killed on its own is restarted; one that ends itself is not
 
 
 def agent_name(node_id: str) -> str:
@@ -263,7 +267,7 @@ def _agent(node_id: str, records: Path) -> Any:
         agent_name(node_id),
         node_id,
         max_concurrency=4,
-        max_restarts=0,  # a new agent is made on demand, and finishes what this left
+        max_restarts=MAX_RESTARTS,  # the restarted agent takes its records up again
     ).remote(str(records))
 
 
