@@ -112,7 +112,7 @@ def _retire(region: Path) -> bool:
             logger.info("Shared weights in %s kept warm for %.0fs for a later job", region, keep)
         if _warm(region):
             return False
-    _remove(region)
+    remove(region)
     return True
 
 
@@ -130,7 +130,7 @@ def adopt_warm(region: Path) -> bool:
                 continue
             region.parent.mkdir(parents=True, exist_ok=True)
             os.rename(other, region)
-        _remove_empty_parents(other)
+        _remove_node_dir(other)
         logger.info("Adopted the warm shared weights of %s as %s", other, region)
         return True
     return False
@@ -160,7 +160,7 @@ def sweep_regions(base: Path, *, keep: Path | None = None, warm_too: bool = Fals
             if not _idle(region):
                 continue
             if warm_too:
-                _remove(region)
+                remove(region)
             elif not _retire(region):
                 continue
             removed.append(region)
@@ -231,12 +231,15 @@ def retire(region: Path, wait: float = 0.0) -> bool:
     return True
 
 
-def _remove(region: Path) -> None:
+def remove(region: Path) -> None:
+    """Remove ``region`` and its node's directory once empty: the one place a region is
+    deleted (its last holder, its keeper, the sweep, a region refused as it was made)."""
     shutil.rmtree(region, ignore_errors=True)
-    _remove_empty_parents(region)
+    _remove_node_dir(region)
 
 
-def _remove_empty_parents(region: Path) -> None:
-    for parent in (region.parent, region.parent.parent):
-        with contextlib.suppress(OSError):
-            parent.rmdir()  # only when empty
+def _remove_node_dir(region: Path) -> None:
+    """The region's node directory, once empty; never the base above it (``weight_sharing_dir``
+    may be the user's own directory)."""
+    with contextlib.suppress(OSError):
+        region.parent.rmdir()  # only when empty

@@ -25,7 +25,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +40,7 @@ from ray_stream_llm.weights.lifetime import (
     drop_ref,
     reap_in_thread,
     region_lock,
+    remove,
     reuse_warm,
     sweep_regions,
 )
@@ -223,7 +223,7 @@ class NodeWeights:
                     # warm ones made room
                     problem = memory.memory_problem(base, self.weight_bytes, kv_cache_engines=kv)
                 if problem:
-                    shutil.rmtree(self.region, ignore_errors=True)
+                    remove(self.region)  # made by the lock just taken
                     self._cannot(problem)
                     return None
                 made = {
