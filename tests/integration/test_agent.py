@@ -64,6 +64,31 @@ _ENGINE = textwrap.dedent("""
             self.weights = NodeWeights(parse_model_uri("s3://models/agent"), (),
                                        Sharing("node", base=base), keep_region)
             return os.getpid(), self.kid.pid, log, self.weights.acquire()
+
+    def agents():
+        return [p.pid for p in psutil.process_iter(["cmdline"])
+                if "ray::NodeAgent" in " ".join(p.info["cmdline"] or [])]
+
+    def until(check, what, timeout=60):
+        deadline = time.monotonic() + timeout
+        while not check():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.05)
+
+    def cleaned_after_kill(actor, kid, name, rpc_dir, region):
+        # SIGKILL the engine actor, as Ray's memory monitor does; the seconds until its
+        # child, segment, directory and region were gone (None: not within 20 s)
+        os.kill(actor, signal.SIGKILL)
+        killed = time.monotonic()
+
+        def clean():
+            gone = not psutil.pid_exists(kid) or psutil.Process(kid).status() == "zombie"
+            return (gone and not os.path.exists("/dev/shm/" + name)
+                    and not os.path.exists(rpc_dir) and not os.path.exists(region))
+
+        while not clean() and time.monotonic() - killed < 20:
+            time.sleep(0.05)
+        return time.monotonic() - killed if clean() else None
 """)
 
 
@@ -75,56 +100,47 @@ def _driver(body: str) -> str:
 _KILL = _driver("""
     name, rpc_dir, temp, base = sys.argv[1:5]
     ray.init(num_cpus=1, include_dashboard=False, _temp_dir=temp)
-
-    def agents():
-        return [p for p in psutil.process_iter(["cmdline"])
-                if "ray::NodeAgent" in " ".join(p.info["cmdline"] or [])]
-
-    actor, kid, log, region = ray.get(Engine.remote().start.remote(name, [rpc_dir], base))
+    engine = Engine.remote()  # held: an actor whose handles are gone is ended by Ray
+    actor, kid, log, region = ray.get(engine.start.remote(name, [rpc_dir], base))
     before = {"segment": os.path.exists("/dev/shm/" + name), "kid": psutil.pid_exists(kid),
               "agents": len(agents()), "region": os.path.isdir(region)}
-    os.kill(actor, signal.SIGKILL)
-    killed = time.monotonic()
-
-    def clean():
-        gone = not psutil.pid_exists(kid) or psutil.Process(kid).status() == "zombie"
-        return (gone and not os.path.exists("/dev/shm/" + name) and not os.path.exists(rpc_dir)
-                and not os.path.exists(region))
-
-    while not clean() and time.monotonic() - killed < 20:
-        time.sleep(0.05)
-    clean_s = time.monotonic() - killed if clean() else None
-    while agents() and time.monotonic() - killed < 60:
-        time.sleep(0.1)
+    clean_s = cleaned_after_kill(actor, kid, name, rpc_dir, region)
+    until(lambda: not agents(), "the idle agent's end")
     print(json.dumps({"actor": actor, "before": before, "clean_s": clean_s,
-                      "agent_left": len(agents()), "log": open(log).read()}), flush=True)
+                      "log": open(log).read()}), flush=True)
     ray.shutdown()
 """)
 
 SUBREAPER = {"RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper": "true"}
 
 
-@pytest.mark.parametrize("ray_env", [{}, SUBREAPER], ids=["defaults", "subreaper"])
-def test_a_killed_engines_leftovers_are_gone_within_20_s_and_the_agent_then_ends(work, ray_env):
+def _drive(work: Path, script: str, name: str, ray_env: dict[str, str]) -> dict:
+    """Run the driver ``script`` (of :func:`_driver`) with the segment ``name``, the engine's
+    directory and the regions' base under ``work``, in its own Ray; what it printed."""
     import subprocess
 
+    (work / "rsl-rpc-engine").mkdir()
+    (work / "driver.py").write_text(script)
+    args = [name, str(work / "rsl-rpc-engine"), str(work / "ray"), str(work / "regions")]
+    done = subprocess.run(
+        [sys.executable, str(work / "driver.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "RAY_TMPDIR": str(work), **ray_env},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    # the line the driver prints (the raylet's own, on the killed workers, may follow)
+    [line] = [x for x in done.stdout.splitlines() if x.startswith('{"actor"')]
+    return json.loads(line)
+
+
+@pytest.mark.parametrize("ray_env", [{}, SUBREAPER], ids=["defaults", "subreaper"])
+def test_a_killed_engines_leftovers_are_gone_within_20_s_and_the_agent_then_ends(work, ray_env):
     name = f"psm_rsl{uuid.uuid4().hex[:8]}agent"
     base = work / "regions"
-    rpc_dir = work / "rsl-rpc-engine"
-    rpc_dir.mkdir()
-    script = work / "kill.py"
-    script.write_text(_KILL)
-    env = {**os.environ, "RAY_TMPDIR": str(work), **ray_env}
     try:
-        done = subprocess.run(
-            [sys.executable, str(script), name, str(rpc_dir), str(work / "ray"), str(base)],
-            capture_output=True,
-            text=True,
-            timeout=180,
-            env=env,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        out = json.loads(done.stdout.strip().splitlines()[-1])
+        out = _drive(work, _KILL, name, ray_env)
         assert out["before"] == {"segment": True, "kid": True, "agents": 1, "region": True}
         # within 20 s of the SIGKILL: its processes, segment, directory and region
         assert out["clean_s"] is not None, (out["log"], list(base.rglob("*")))
@@ -133,7 +149,6 @@ def test_a_killed_engines_leftovers_are_gone_within_20_s_and_the_agent_then_ends
         assert f"actor {actor} exited" in out["log"] and name in out["log"], out["log"]
         assert "done" in out["log"], out["log"]
         assert not list(agent_module.state_dir().glob(f"{actor}-*.json"))  # its record
-        assert out["agent_left"] == 0  # the idle agent ended itself
         assert not Path(f"/dev/shm/{name}").exists()
         assert not list(base.rglob("*")), list(base.rglob("*"))  # nor an empty directory
     finally:
@@ -145,16 +160,6 @@ _AGENT_KILLED = _driver("""
     ray.init(num_cpus=1, include_dashboard=False, _temp_dir=temp)
     from ray_stream_llm.actors import NAMESPACE
     from ray_stream_llm.integrations.ray.agent import agent_name
-
-    def agents():
-        return [p.pid for p in psutil.process_iter(["cmdline"])
-                if "ray::NodeAgent" in " ".join(p.info["cmdline"] or [])]
-
-    def until(check, what, timeout=60):
-        deadline = time.monotonic() + timeout
-        while not check():
-            assert time.monotonic() < deadline, what
-            time.sleep(0.05)
 
     engine = Engine.remote()  # held: an actor whose handles are gone is ended by Ray
     actor, kid, log, region = ray.get(engine.start.remote(name, [rpc_dir], base))
@@ -168,17 +173,8 @@ _AGENT_KILLED = _driver("""
     again = {"keeping": ray.get(agent.keeping.remote()),
              "watching": ray.get(agent.watching.remote())}
     restarted_s = time.monotonic() - killed
-    os.kill(actor, signal.SIGKILL)  # then the engine: what it left is the restarted agent's
-    killed = time.monotonic()
-
-    def clean():
-        gone = not psutil.pid_exists(kid) or psutil.Process(kid).status() == "zombie"
-        return (gone and not os.path.exists("/dev/shm/" + name) and not os.path.exists(rpc_dir)
-                and not os.path.exists(region))
-
-    while not clean() and time.monotonic() - killed < 20:
-        time.sleep(0.05)
-    clean_s = time.monotonic() - killed if clean() else None
+    # then the engine: what it left is the restarted agent's
+    clean_s = cleaned_after_kill(actor, kid, name, rpc_dir, region)
     print(json.dumps({"actor": actor, "region": region, "again": again, "clean_s": clean_s,
                       "restarted_s": restarted_s}), flush=True)
     ray.shutdown()
@@ -190,27 +186,10 @@ def test_a_killed_agent_is_restarted_and_keeps_what_it_kept(work):
     it, the restarted agent takes its records up again (it keeps the region and watches the
     engine), and when the engine is then SIGKILLed its processes, segment, directory and
     region are gone within 20 s, as with the agent that was never killed."""
-    import subprocess
-
     name = f"psm_rsl{uuid.uuid4().hex[:8]}again"
     base = work / "regions"
-    rpc_dir = work / "rsl-rpc-engine"
-    rpc_dir.mkdir()
-    script = work / "agent_killed.py"
-    script.write_text(_AGENT_KILLED)
-    env = {**os.environ, "RAY_TMPDIR": str(work)}
     try:
-        done = subprocess.run(
-            [sys.executable, str(script), name, str(rpc_dir), str(work / "ray"), str(base)],
-            capture_output=True,
-            text=True,
-            timeout=180,
-            env=env,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        # the line the driver prints (the raylet's own, on the killed workers, may follow)
-        [line] = [x for x in done.stdout.splitlines() if x.startswith('{"actor"')]
-        out = json.loads(line)
+        out = _drive(work, _AGENT_KILLED, name, {})
         assert out["again"] == {"keeping": [out["region"]], "watching": [out["actor"]]}
         assert out["clean_s"] is not None, list(base.rglob("*"))
         print(
