@@ -237,7 +237,9 @@ class StreamingvLLMEngineProcessorConfig(vLLMEngineProcessorConfig):
         default=None,
         description="Where the node's shared weights live (default /dev/shm/ray_stream_llm, "
         "memory-backed): an absolute path (~ is expanded on the driver; a relative path is "
-        "refused). A disk path named here is used as given: the weights then reach that disk.",
+        "refused). A disk path named here is used as given: the weights then reach that disk. "
+        "The library removes what it made under it (each region, and a node's directory once "
+        "empty), never the directory itself.",
     )
     keep_warm_s: float = Field(
         default=0.0,
