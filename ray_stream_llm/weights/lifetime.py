@@ -75,7 +75,8 @@ def drop_ref(region: Path, ref: Path) -> None:
 
 
 def _idle(region: Path) -> bool:
-    """Whether no live process holds ``region`` and none pulls into it (under its lock)."""
+    """Whether no live process holds ``region`` and none pulls into it (a decision to
+    retire it is taken under its lock: :func:`retire`, :func:`sweep_regions`)."""
     return not live_refs(region) and pull_free(region)
 
 
@@ -136,14 +137,15 @@ def adopt_warm(region: Path) -> bool:
     return False
 
 
-def reuse_warm(region: Path, keep_warm_s: float) -> None:
+def reuse_warm(region: Path, keep_s: float) -> None:
     """A copy kept warm by an earlier job, taken by this one: its pull record says so (this
     job's engines read no byte of the store: their reports say ``pull_source: "kept warm"``,
-    ``pull_bytes: 0``), and it is kept after this job for this job's ``keep_warm_s``."""
+    ``pull_bytes: 0``), and it is kept after this job for ``keep_s``, this job's
+    ``keep_warm_s``."""
     now = time.time()
     record = {"started": now, "finished": now, "bytes": 0, "source": "kept warm"}
     write_whole(region / ".pull.json", json.dumps({**record, "pid": os.getpid()}))
-    write_whole(region / CREATED, json.dumps({**marker(region), "keep_warm_s": keep_warm_s}))
+    write_whole(region / CREATED, json.dumps({**marker(region), "keep_warm_s": keep_s}))
 
 
 def sweep_regions(base: Path, *, keep: Path | None = None, warm_too: bool = False) -> list[Path]:
