@@ -265,7 +265,8 @@ def run_batch(
     import pyarrow.parquet as pq
     import ray
 
-    if not ray.is_initialized():  # quiet, before Ray's builder would start it
+    started_ray = not ray.is_initialized()
+    if started_ray:  # quiet, before Ray's builder would start it
         for key, value in () if verbose else QUIET_ENV.items():
             os.environ.setdefault(key, value)
         ray.init(
@@ -330,5 +331,9 @@ def run_batch(
                 answers = answers.drop_columns([POSITION_COLUMN])
         pq.write_table(answers, target)
     lines = [report.log_line() for report in load_reports()]
-    ray.shutdown()
+    from ray_stream_llm.integrations.ray.compat import settle_ray_data
+
+    settle_ray_data()
+    if started_ray:
+        ray.shutdown()
     return BatchResult(rows_in, rows, tokens, time.perf_counter() - start, target, lines, resumed)

@@ -44,27 +44,42 @@ logger = logging.getLogger(__name__)
 
 
 def _proc_start(pid: int) -> str | None:
+    """The start time of ``pid`` (clock ticks since boot) while it runs: None once it has
+    exited, a zombie too (it maps nothing: its parent has only not reaped it)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
         return None
+    return None if len(fields) < 20 or fields[0] in ("Z", "X") else fields[19]
 
 
-def live_refs(region: Path) -> list[Path]:
+def live_refs(region: Path, ended_parent: int | None = None) -> list[Path]:
+    """The references of ``region``'s live holders; those of exited ones are removed. With
+    ``ended_parent``, the pid of a parent that has exited (a Ray's raylet, shut down): its
+    children, its workers, hold nothing any more (they serve no one and are ending)."""
     live = []
     for ref in (region / ".refs").glob("*"):
         pid, _, start = ref.name.partition("-")
-        if pid.isdigit() and _proc_start(int(pid)) == start:
-            live.append(ref)
-        else:
+        if not (pid.isdigit() and _proc_start(int(pid)) == start):
             ref.unlink(missing_ok=True)  # its process is gone
+        elif ended_parent is None or not _child_of(ref, ended_parent):
+            live.append(ref)
     return live
 
 
+def _child_of(ref: Path, parent: int) -> bool:
+    """Whether the holder of ``ref`` was started by ``parent`` (:func:`add_ref` records it)."""
+    try:
+        return int(ref.read_text().split()[0]) == parent
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 def add_ref(region: Path) -> Path:
-    """This process's reference to ``region`` (under :func:`region_lock`)."""
+    """This process's reference to ``region`` (under :func:`region_lock`): named by its pid
+    and start time, holding its parent's pid (a Ray worker's: its raylet)."""
     ref = region / ".refs" / f"{os.getpid()}-{_proc_start(os.getpid())}"
-    ref.touch()
+    ref.write_text(f"{os.getppid()}\n")
     return ref
 
 
@@ -74,10 +89,10 @@ def drop_ref(region: Path, ref: Path) -> None:
     retire(region)
 
 
-def _idle(region: Path) -> bool:
-    """Whether no live process holds ``region`` and none pulls into it (a decision to
-    retire it is taken under its lock: :func:`retire`, :func:`sweep_regions`)."""
-    return not live_refs(region) and pull_free(region)
+def _idle(region: Path, ended_parent: int | None = None) -> bool:
+    """Whether no live process holds ``region`` (:func:`live_refs`) and none pulls into it
+    (a decision to retire it is taken under its lock: :func:`retire`, :func:`sweep_regions`)."""
+    return not live_refs(region, ended_parent) and pull_free(region)
 
 
 @contextlib.contextmanager
@@ -218,14 +233,15 @@ def reap_in_thread(region: Path) -> None:
     threading.Thread(target=run, name="rsl-reap", daemon=True).start()
 
 
-def retire(region: Path, wait: float = 0.0) -> bool:
+def retire(region: Path, wait: float = 0.0, ended_parent: int | None = None) -> bool:
     """Retire ``region`` as its keeper would once no live process holds it (waiting up to
-    ``wait`` s for its holders to exit): removed, or kept warm. True when it is gone (or was
-    already); False while it is held, pulled into or kept warm."""
+    ``wait`` s for its holders to exit; the children of ``ended_parent`` hold nothing:
+    :func:`live_refs`): removed, or kept warm. True when it is gone (or was already); False
+    while it is held, pulled into or kept warm."""
     deadline = time.monotonic() + wait
     while region.exists():
         with region_lock(region):
-            if _idle(region):
+            if _idle(region, ended_parent):
                 return _retire(region)
         if time.monotonic() >= deadline:
             return False

@@ -615,3 +615,32 @@ def test_a_vllm_wheel_has_each_touch_point(request):
     assert len(results) > 40, results
     changed = {name for name, wrong in results.items() if wrong}
     assert changed == CHANGED_IN_WHEEL.get(version, set()), {n: results[n] for n in changed}
+
+
+def test_settle_ray_data_waits_for_the_threads_a_finished_dataset_left_in_ray(
+    small_cluster, monkeypatch
+):
+    """Ray Data tells its block prefetcher's thread to stop as a dataset's last batch is
+    taken, but does not wait for it; a call into Ray that thread is in as the caller shuts
+    Ray down ends the whole process (the README's ``run`` exited 1 that way on CI's loaded
+    host). Here the thread's call is held until the test lets it go, 1 s later."""
+    import threading
+
+    from ray_stream_llm.integrations.ray.compat import settle_ray_data
+
+    called, release, real_wait = threading.Event(), threading.Event(), ray.wait
+
+    def wait(*args: Any, **kwargs: Any) -> Any:  # Ray's call, slow as on a loaded host
+        if threading.current_thread().name == "Prefetcher":
+            called.set()
+            release.wait()
+        return real_wait(*args, **kwargs)
+
+    monkeypatch.setattr(ray, "wait", wait)
+    batches = ray.data.range(8, override_num_blocks=4).iter_batches(batch_size=2)
+    assert sum(len(batch["id"]) for batch in batches) == 8
+    assert called.is_set()
+    [left] = [t for t in threading.enumerate() if t.name == "Prefetcher" and t.is_alive()]
+    threading.Timer(1.0, release.set).start()
+    settle_ray_data()
+    assert release.is_set() and not left.is_alive()

@@ -406,9 +406,11 @@ def retire_orphaned_regions(
 ) -> list[str]:
     """In a process of the node: retire the regions the node's agents kept when their Ray
     ended (``weights.lifetime.retire``: removed, or kept warm), waiting up to ``wait`` s in
-    all for the raylets in ``ending`` and for the regions' holders, that Ray's workers, to
-    exit. A region kept warm stays recorded: the node's next agent keeps it until its time
-    is up. A record of a Ray that still runs is its agent's. The regions removed."""
+    all for the raylets in ``ending`` and for the regions' other holders to exit; the holders
+    that were that Ray's workers hold nothing once it has ended (they serve no one, and may
+    take seconds to notice: a notebook's kernel gets 2.5 s to exit). A region kept warm
+    stays recorded: the node's next agent keeps it until its time is up. A record of a Ray
+    that still runs is its agent's. The regions removed."""
     from ray_stream_llm.weights.lifetime import retire
 
     removed = []
@@ -416,7 +418,8 @@ def retire_orphaned_regions(
     left = _left_by_ended_rays(records or state_dir(), "regions/*.json", ending, wait)
     for record, state in left:
         try:
-            if retire(Path(state["region"]), wait=max(0.0, deadline - time.monotonic())):
+            wait_s = max(0.0, deadline - time.monotonic())
+            if retire(Path(state["region"]), wait_s, ended_parent=state["raylet"][0]):
                 record.unlink(missing_ok=True)
                 removed.append(state["region"])
         except (OSError, ValueError, KeyError, TypeError):
@@ -437,8 +440,11 @@ def finish_at_exit() -> None:
     import psutil
     import ray
 
+    from ray_stream_llm.integrations.ray.compat import settle_ray_data
+
     ending = set()
     if ray.is_initialized():
+        settle_ray_data()  # before Ray's shutdown, here or in its own exit hook
         node = getattr(ray._private.worker, "_global_node", None)
         if node is None or not node.is_head():
             return  # not a Ray of this process: its agents go on

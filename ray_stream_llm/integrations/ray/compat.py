@@ -30,6 +30,8 @@ import contextlib
 import functools
 import inspect
 import os
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -156,6 +158,24 @@ def wait_for_initial_actors(processor: Any, seconds: int) -> None:
     processor.start_wait_s = seconds
 
 
+def settle_ray_data(timeout: float = 60.0) -> None:
+    """Wait (up to ``timeout`` s in all) for the threads of this process's finished Ray
+    Data executions to end; call it before ``ray.shutdown()``. Ray Data stops them as a
+    dataset's last row is taken but does not wait for them (its executor joins its own
+    scheduling thread for 2 s; the block prefetcher's and the metadata fetcher's threads
+    are only told to stop): on a loaded machine one is still in a call into Ray as the
+    caller shuts Ray down, and a thread in Ray after ``ray.shutdown()`` ends the whole
+    process with status 1 ("The core worker has already been shutdown"). A thread of an
+    execution still running is not waited for."""
+    deadline = time.monotonic() + timeout
+    for thread in threading.enumerate():
+        # the executor is its own thread; the others are a stopped object's bound method
+        owner = getattr(getattr(thread, "_target", None), "__self__", thread)
+        stopped = getattr(owner, "_shutdown", False) or getattr(owner, "_stopped", False)
+        if type(owner).__module__.startswith("ray.data.") and stopped is True:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
 class _TokenizerProbe:
     """The least a tokenizer has; no ``all_special_tokens_extended`` (as in transformers 5)."""
 
@@ -239,5 +259,6 @@ __all__ = [
     "check_ray_version",
     "ray_builds_with",
     "ray_stage_shims",
+    "settle_ray_data",
     "wait_for_initial_actors",
 ]
