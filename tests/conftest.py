@@ -20,6 +20,7 @@ from helpers.jobs import share_compiled_code, share_model_records
 from helpers.models import LAYOUTS, UploadedModel, build_layout, metadata_files, weight_files
 from helpers.waiting import wait_until
 
+from ray_stream_llm.integrations.vllm.shm import PREFIXES
 from ray_stream_llm.tools.localstore import LocalS3Server
 from ray_stream_llm.weights.region import DEFAULT_BASE
 
@@ -291,16 +292,17 @@ def _new_entries(root: Path, since: float, depth: int) -> set[str]:
 
 @pytest.fixture(scope="session", autouse=True)
 def nothing_left_behind() -> Iterator[None]:
-    """After the suite: no /dev/shm/psm_* segment, region of the node's shared weights, socket
-    or lock file created by the run outside the tests' temporary directories (which pytest
-    keeps under /tmp/pytest-of-<user>/), and no node agent still running (one ends itself
-    once it has nothing to watch or keep)."""
+    """After the suite: no /dev/shm segment of vLLM's (psm_*, vllm_dist_*), region of the
+    node's shared weights, socket or lock file created by the run outside the tests'
+    temporary directories (which pytest keeps under /tmp/pytest-of-<user>/), and no node
+    agent still running (one ends itself once it has nothing to watch or keep)."""
     yield
     timeout = 120.0
     with contextlib.suppress(AssertionError):
         wait_until(lambda: not agents(), timeout, "node agents", poll=0.5)
     running = [f"{p.pid}: {' '.join(p.cmdline())}" for p in agents()]
-    leftovers = {p for p in _new_entries(Path("/dev/shm"), SESSION_START, 1) if "psm_" in p}
+    shm = _new_entries(Path("/dev/shm"), SESSION_START, 1)
+    leftovers = {p for p in shm if Path(p).name.startswith(PREFIXES)}
     leftovers |= _new_entries(Path(DEFAULT_BASE), SESSION_START, 2)  # <node>/<region>
     # multiprocessing's own temp dir of this (pytest) process: removed when it exits
     import multiprocessing.process

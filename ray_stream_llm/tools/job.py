@@ -86,6 +86,7 @@ def run_job(
 
     from ray_stream_llm import StreamingvLLMEngineProcessorConfig, build_llm_processor, load_reports
     from ray_stream_llm.fetch import fetch_metadata_report
+    from ray_stream_llm.integrations.ray.compat import settle_ray_data
 
     start = time.perf_counter()
     for key, value in LOCAL_ENV.items():
@@ -134,6 +135,7 @@ def run_job(
         if not rows:
             first_row = time.perf_counter() - start
         rows.append(dict(row))
+    settle_ray_data()  # the callers shut Ray down next (compat.settle_ray_data says why)
     return JobResult(
         rows=rows,
         build_seconds=build_seconds,

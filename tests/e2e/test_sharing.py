@@ -203,6 +203,8 @@ def test_tensor_parallel_ranks_read_the_nodes_one_pull(s3_server, sharded, work)
         prefix + name: math.ceil(size / CHUNK) + 2 for name, size in sizes.items()
     }
     assert {p: n for p, n in written.items() if not p.startswith(DEFAULT_BASE + "/")} == {}
+    # the ranks' segments too (psm_*, vllm_dist_*): a TP=2 job here once left two vllm_dist_*
+    assert out["shm_left"] == [], out["agent_logs"]
     _nothing_left()
     print(
         f"\nTP=2 on the region: ranks {[round(r['seconds'], 2) for r in ranks]} s; {seconds:.1f}s"

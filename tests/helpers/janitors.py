@@ -32,11 +32,12 @@ def agents() -> list[psutil.Process]:
 
 
 def segments_left(start: float) -> list[str]:
-    """The ``/dev/shm/psm_*`` segments a run that began at ``start`` left behind: created
-    since then and mapped by no process, looked at again once no node agent runs when there
-    are any (an agent removes an engine's after the engine's last process has exited, which
-    can be after the run returns; with nothing to watch it ends). Removed either way, so
-    that the machine stays clean; the names are returned for the test to judge."""
+    """vLLM's ``/dev/shm`` segments (``psm_*``, ``vllm_dist_*``: ``shm.PREFIXES``) a run
+    that began at ``start`` left behind: created since then and mapped by no process, looked
+    at again once no node agent runs when there are any (an agent removes an engine's after
+    the engine's last process has exited, which can be after the run returns; with nothing
+    to watch it ends). Removed either way, so that the machine stays clean; the names are
+    returned for the test to judge."""
     left = orphaned_segments(start - 1)
     if left:
         wait_until(lambda: not agents() or not orphaned_segments(start - 1), 120, "the node agents")

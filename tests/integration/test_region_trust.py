@@ -346,9 +346,12 @@ def janitor_checks(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return answers
 
 
-def test_the_janitor_removes_only_segments_the_engines_processes_mapped(tmp_path, janitor_saw):
+@pytest.mark.parametrize("prefix", shm.PREFIXES)  # the ring buffers; TP ranks' broadcast
+def test_the_janitor_removes_only_segments_the_engines_processes_mapped(
+    tmp_path, janitor_saw, prefix
+):
     tag = uuid.uuid4().hex[:8]
-    own, foreign = f"psm_rsl{tag}own", f"psm_rsl{tag}other"
+    own, foreign = f"{prefix}rsl{tag}own", f"{prefix}rsl{tag}other"
     since = time.time() - 1
     fd = os.open(f"/dev/shm/{foreign}", os.O_RDWR | os.O_CREAT, 0o600)  # not the engine's
     os.close(fd)

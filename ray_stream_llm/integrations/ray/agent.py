@@ -4,10 +4,10 @@ the node's shared weights (``weights/region.py``, ``weights/lifetime.py``) until
 
 An engine actor asks it to watch itself (:func:`watch_engine`) when it starts. The agent
 records the actor's processes (vLLM's engine core and workers are its children) and the
-``/dev/shm/psm_*`` segments they map; once the actor has exited (retired, failed, or
-SIGKILLed by Ray's memory monitor), it ends the processes it left running and removes
-those segments and the engine's private directories (``integrations/vllm/shm``). It does
-this as a Ray worker: Ray's own clean-up
+``/dev/shm`` segments they map (``psm_*``, ``vllm_dist_*``: ``shm.PREFIXES``); once the
+actor has exited (retired, failed, or SIGKILLed by Ray's memory monitor), it ends the
+processes it left running and removes those segments and the engine's private directories
+(``integrations/vllm/shm``). It does this as a Ray worker: Ray's own clean-up
 (``RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper``) ends an engine's
 leftovers, and never the agent, which is no worker's child.
 

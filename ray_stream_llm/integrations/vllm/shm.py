@@ -2,9 +2,10 @@
 
 The CPU build of vLLM runs its worker in a child process and talks to it
 through a ``multiprocessing.shared_memory`` ring buffer (``/dev/shm/psm_*``,
-160 MiB). When Ray Data retires the engine actor, vLLM's shutdown terminates
-those processes before the creator unlinks the segment, and it stays in
-``/dev/shm`` until reboot. A segment is an orphan when no live process maps
+160 MiB); its tensor-parallel workers share one more (``/dev/shm/vllm_dist_*``, 8 MiB,
+vLLM's ``ShmRingBuffer`` for broadcasts between ranks). When Ray Data retires the engine
+actor, vLLM's shutdown terminates those processes before the creator unlinks the segment,
+and it stays in ``/dev/shm`` until reboot. A segment is an orphan when no live process maps
 it; only segments the engine's own processes were seen to map, and only once no
 process maps them, are removed: never another engine's or program's.
 """
@@ -23,6 +24,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
+PREFIXES = ("psm_", "vllm_dist_")  # the names of the segments vLLM's processes make
 
 
 def _mapped_segments() -> set[str]:
@@ -58,28 +60,33 @@ def _mapped_by(procs: list[Any]) -> set[str]:
         try:
             with open(f"/proc/{proc.pid}/maps", encoding="utf-8", errors="replace") as maps:
                 for line in maps:
-                    if "/dev/shm/psm_" in line:
-                        names.add(line.rsplit("/dev/shm/", 1)[1].split(" ", 1)[0].strip())
+                    if "/dev/shm/" in line:
+                        name = line.rsplit("/dev/shm/", 1)[1].split(" ", 1)[0].strip()
+                        if name.startswith(PREFIXES):
+                            names.add(name)
         except OSError:  # the process exited
             continue
     return names
 
 
 def segments_of(pid: int) -> set[str]:
-    """Names of the ``/dev/shm/psm_*`` segments that ``pid`` or any of its descendants maps
+    """Names of vLLM's segments (:data:`PREFIXES`) that ``pid`` or any of its descendants maps
     now: the engine's own (vLLM's ring buffer is mapped by the engine and its workers)."""
     return _mapped_by(_processes(pid))
 
 
-def orphaned_segments(
-    since: float, pattern: str = "psm_*", only: set[str] | None = None
-) -> list[Path]:
-    """``/dev/shm`` segments matching ``pattern``, created at or after ``since``, that no
-    process maps; with ``only``, just those of these names."""
+def _segments() -> list[Path]:
+    """vLLM's segments in ``/dev/shm`` now (:data:`PREFIXES`)."""
     if not SHM_DIR.is_dir():
         return []
+    return [p for p in SHM_DIR.iterdir() if p.name.startswith(PREFIXES)]
+
+
+def orphaned_segments(since: float, only: set[str] | None = None) -> list[Path]:
+    """vLLM's segments in ``/dev/shm`` (:data:`PREFIXES`), created at or after ``since``, that
+    no process maps; with ``only``, just those of these names."""
     candidates = []
-    for path in SHM_DIR.glob(pattern):
+    for path in _segments():
         if only is not None and path.name not in only:
             continue
         try:
@@ -108,15 +115,7 @@ def remove_orphaned_segments(
                 removed.append(path.name)
             except FileNotFoundError:
                 pass
-        pending = (
-            [
-                p
-                for p in SHM_DIR.glob("psm_*")
-                if _newer(p, since) and (only is None or p.name in only)
-            ]
-            if SHM_DIR.is_dir()
-            else []
-        )
+        pending = [p for p in _segments() if _newer(p, since) and (only is None or p.name in only)]
         if not pending or time.monotonic() >= deadline:
             break
         time.sleep(0.5)
