@@ -1,5 +1,5 @@
-"""The library's own Ray actors (the peers' directory and servers, the node agents): named in
-one namespace, detached, asking for no CPU; the one of that name if it runs."""
+"""The library's own Ray actors (the peers' directories, the node agents): named in one
+namespace, detached, asking for no CPU; the one of that name if it runs."""
 
 from __future__ import annotations
 
@@ -7,6 +7,11 @@ import functools
 from typing import Any
 
 NAMESPACE = "ray_stream_llm"
+
+
+def agent_name(node_id: str) -> str:
+    """The name of the node agent of ``node_id`` (``integrations/ray/agent.py``)."""
+    return f"rsl-agent-{node_id}"
 
 
 def library_actor(cls: type, name: str, node: str | None = None, **options: Any) -> Any:

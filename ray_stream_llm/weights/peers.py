@@ -3,10 +3,10 @@
 Where the plan shares weights with peers (``weight_peers``, the fan-out, 2 by default),
 each node's puller in a Ray worker (:func:`ray_stream_llm.weights.pull.start_pull`) joins
 the model's *directory*: a detached Ray actor named for the region's key (``rsl-peers-<key>``,
-namespace ``ray_stream_llm``, created by the first node that asks, atomically). Every node
-also starts its *server*, a detached actor pinned to its node (``rsl-peer-<key>-<node>``)
-that reads ranges of the node's region files for other nodes. Both ask for no CPU, and
-both start on a cluster of one node too, so that a node that joins later (an autoscaled
+namespace ``ray_stream_llm``, created by the first node that asks, atomically). Each node's
+*server* is its node agent (``integrations/ray/agent.py``), which keeps the node's region
+and reads ranges of its files for other nodes (:func:`read_range`). Both ask for no CPU,
+and both start on a cluster of one node too, so that a node that joins later (an autoscaled
 or replaced one) fills from a peer: a node alone in its cluster reads the store at once
 and joins beside its pull (:func:`join`); a node that finds its region already whole (kept
 warm across Ray sessions) joins as a server (:func:`serve`). The directory gives each node
@@ -26,9 +26,10 @@ the listing, and its MD5 against the ETag where the ETag is one. A parent that d
 or stalls for :data:`STALL_S` is reported lost: the directory hands the node another parent,
 or the store, and the pull goes on from the range it was at, pinned to the same ETag.
 
-The actors end themselves: a server when its node's region is removed (it tells the
-directory), the directory when its last server has left. A region kept warm (``keep_warm_s``)
-keeps its marker, so its server serves, and the directory lives, until it is removed.
+The node's agent serves its region until it removes it, then tells the directory
+(:func:`leave`); the directory ends when its last node has left. A region kept warm
+(``keep_warm_s``) is kept by its agent, so it is served, and the directory lives, until it
+is removed.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ray_stream_llm.actors import NAMESPACE, library_actor
+from ray_stream_llm.actors import NAMESPACE, agent_name, library_actor
 from ray_stream_llm.files import write_whole
 from ray_stream_llm.weights.marks import (
     CREATED,
@@ -64,10 +65,6 @@ POLL_S = 0.02
 
 def directory_name(key: str) -> str:
     return f"rsl-peers-{key}"
-
-
-def server_name(key: str, node: str) -> str:
-    return f"rsl-peer-{key}-{node[:16]}"
 
 
 class Directory:
@@ -141,81 +138,71 @@ class Directory:
         return {n: m["parent"] for n, m in self.members.items()}
 
 
-class Server:
-    """Ranges of one node's region for other nodes (a detached actor pinned to the node)."""
+def _check_name(region: Path, name: str) -> None:
+    """Refuse ``name`` unless it is a weight file of ``region`` (its marker lists it): the
+    only files a node serves."""
+    try:
+        names = {o["path"] for o in json.loads((region / CREATED).read_text())["objects"]}
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{region} was removed") from None
+    if name not in names:
+        raise ValueError(f"{name!r} is not a weight file of {region}")
 
-    def __init__(self, region: str) -> None:
-        self.region = Path(region)
-        self._watching = False
-        # the only files it serves: the region's weight objects, as its marker lists them
-        try:
-            meta = json.loads((self.region / CREATED).read_text())
-        except FileNotFoundError:  # removed as this started: serve_until_gone ends it
-            meta = {"objects": []}
-        self.names = frozenset(o["path"] for o in meta["objects"])
 
-    def read(self, name: str, start: int, end: int) -> bytes:
-        """Bytes ``start``..``end`` (inclusive) of ``name`` once this node has them; raises
-        when its pull failed, its region went, or nothing new came in for STALL_S."""
-        if name not in self.names:
-            raise ValueError(f"{name!r} is not a weight file of {self.region}")
-        last, since = -1, time.monotonic()
-        while True:
-            have = progress(self.region, name)
-            if have > end or done(self.region, name):
-                whole = done(self.region, name)
-                path = self.region / name if whole else partial(self.region, name)
-                with contextlib.suppress(FileNotFoundError):  # renamed since: look again
-                    with open(path, "rb") as f:
-                        data = os.pread(f.fileno(), end - start + 1, start)
-                    if len(data) == end - start + 1:
-                        return data
-            for mark in (FAILED, UNSHARED):
-                if (self.region / mark).exists():
-                    raise RuntimeError(f"{self.region} cannot serve {name}: its pull stopped")
-            if not (self.region / CREATED).exists():
-                raise FileNotFoundError(f"{self.region} was removed")
-            if have != last:
-                last, since = have, time.monotonic()
-            elif time.monotonic() - since > STALL_S:
-                raise TimeoutError(f"{self.region}: {name} stuck at {have} bytes for {STALL_S}s")
-            time.sleep(POLL_S)
+def read_range(region: Path, name: str, start: int, end: int) -> bytes:
+    """In the node's agent: bytes ``start``..``end`` (inclusive) of ``name`` once this node
+    has them; raises when its pull failed, its region went, or nothing new came in for
+    STALL_S."""
+    _check_name(region, name)
+    last, since = -1, time.monotonic()
+    while True:
+        have = progress(region, name)
+        if have > end or done(region, name):
+            whole = done(region, name)
+            path = region / name if whole else partial(region, name)
+            with contextlib.suppress(FileNotFoundError):  # renamed since: look again
+                with open(path, "rb") as f:
+                    data = os.pread(f.fileno(), end - start + 1, start)
+                if len(data) == end - start + 1:
+                    return data
+        for mark in (FAILED, UNSHARED):
+            if (region / mark).exists():
+                raise RuntimeError(f"{region} cannot serve {name}: its pull stopped")
+        if not (region / CREATED).exists():
+            raise FileNotFoundError(f"{region} was removed")
+        if have != last:
+            last, since = have, time.monotonic()
+        elif time.monotonic() - since > STALL_S:
+            raise TimeoutError(f"{region}: {name} stuck at {have} bytes for {STALL_S}s")
+        time.sleep(POLL_S)
 
-    def digest(self, name: str) -> str:
-        """The sha256 this node's own pull recorded for ``name``, once the file is whole
-        (a child asks when it has copied every byte of it: the rename is moments away)."""
-        if name not in self.names:
-            raise ValueError(f"{name!r} is not a weight file of {self.region}")
-        deadline = time.monotonic() + STALL_S
-        while (found := digest_of(self.region, name)) is None or not done(self.region, name):
-            if found is None and done(self.region, name):  # kept from before digests: hash it
-                with open(self.region / name, "rb") as f:
-                    return hashlib.file_digest(f, "sha256").hexdigest()
-            for mark in (FAILED, UNSHARED):
-                if (self.region / mark).exists():
-                    raise RuntimeError(f"{self.region} cannot vouch for {name}: its pull stopped")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.region}: {name} not whole after {STALL_S}s")
-            time.sleep(POLL_S)
-        return found
 
-    def pid(self) -> int:
-        return os.getpid()
+def file_digest(region: Path, name: str) -> str:
+    """In the node's agent: the sha256 this node's own pull recorded for ``name``, once the
+    file is whole (a child asks when it has copied every byte of it: the rename is moments
+    away)."""
+    _check_name(region, name)
+    deadline = time.monotonic() + STALL_S
+    while (found := digest_of(region, name)) is None or not done(region, name):
+        if found is None and done(region, name):  # kept from before digests: hash it
+            with open(region / name, "rb") as f:
+                return hashlib.file_digest(f, "sha256").hexdigest()
+        for mark in (FAILED, UNSHARED):
+            if (region / mark).exists():
+                raise RuntimeError(f"{region} cannot vouch for {name}: its pull stopped")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{region}: {name} not whole after {STALL_S}s")
+        time.sleep(POLL_S)
+    return found
 
-    def serve_until_gone(self, directory: str, node: str) -> None:
-        """Runs once per server: when the region is removed, leave the tree and end."""
-        if self._watching:
-            return
-        self._watching = True
-        while (self.region / CREATED).exists():
-            time.sleep(0.5)
-        import ray
 
-        try:
-            ray.get_actor(directory, namespace=NAMESPACE).leave.remote(node)
-        except ValueError:
-            pass  # the directory ended already
-        ray.actor.exit_actor()
+def leave(region: Path, node: str) -> None:
+    """In the node's agent, once it has removed ``region``: this node leaves the model's
+    tree, if there is one."""
+    import ray
+
+    with contextlib.suppress(ValueError):  # no directory (no peers, or it ended already)
+        ray.get_actor(directory_name(region.name), namespace=NAMESPACE).leave.remote(node)
 
 
 def cluster_nodes() -> int:
@@ -265,7 +252,8 @@ class PeerRead:
                     self.store_bytes += len(data)
                 return data
             try:
-                data = ray.get(server.read.remote(name, start, end), timeout=STALL_S + 30)
+                agent, served = server
+                data = ray.get(agent.read.remote(served, name, start, end), timeout=STALL_S + 30)
             except Exception as exc:  # the peer died, failed or stalled: another source
                 self._replace(parent, generation, exc)
                 continue
@@ -292,7 +280,8 @@ class PeerRead:
                     )
                 return None
             try:
-                found = ray.get(server.digest.remote(name), timeout=STALL_S + 30)
+                agent, served = server
+                found = ray.get(agent.digest.remote(served, name), timeout=STALL_S + 30)
             except Exception as exc:  # the peer died or failed: any other holds the same
                 self._replace(parent, generation, exc)
                 continue
@@ -348,26 +337,23 @@ class PeerRead:
 def _attach(
     region: Path, node: str, fanout: int, whole: bool = False
 ) -> tuple[Any, tuple[str | None, Any], int] | None:
-    """This node's server started and the tree joined: the directory, this node's parent
-    (node and server; (None, None): the store) and its server's pid; None where Ray
-    refused (a warning says so: the store, as without peers). The server watches its
-    region from its start, whatever happens here (this process may be ended mid-join):
-    once the region goes, it leaves the tree and ends, and the directory with its last
-    member. A region removed before this node was in the tree leaves it from here."""
+    """This node's region served by its agent, and the tree joined: the directory, this
+    node's parent (node and server: that node's agent and region; (None, None): the store)
+    and this node's agent's pid; None where there is no agent or Ray refused (a warning
+    says so: the store, as without peers). The agent keeps the region (its holders asked it
+    before the pull began: ``weights.region.NodeWeights``' keeper) and serves it until it
+    removes it; the node then leaves the tree (:func:`leave`), and the directory ends with
+    its last member. A region removed before this node was in the tree leaves it from here."""
     import ray
 
     key = region.name
     try:
-        server = library_actor(Server, server_name(key, node), node, max_concurrency=64).remote(
-            str(region)
-        )
-        server.serve_until_gone.remote(directory_name(key), node)
-    except Exception as exc:
+        server = (ray.get_actor(agent_name(node), namespace=NAMESPACE), str(region))
+    except ValueError:
         logger.warning(
-            "Could not start the peer server of %s (%s: %s): this node reads the store",
+            "No node agent keeps %s (its holders' keeper is not the agent): this node "
+            "serves no peer and reads the store",
             region,
-            type(exc).__name__,
-            exc,
         )
         return None
     try:
@@ -379,9 +365,9 @@ def _attach(
             except ray.exceptions.RayActorError:
                 if attempt == 2:
                     raise
-        if not (region / CREATED).exists():  # its server may have left before this joined
+        if not (region / CREATED).exists():  # its agent may have left before this joined
             directory.leave.remote(node)
-        server_pid = ray.get(server.pid.remote(), timeout=60)
+        server_pid = ray.get(server[0].pid.remote(), timeout=60)
     except Exception as exc:
         logger.warning(
             "Could not join the peers of %s (%s: %s): this node reads the store",
@@ -396,7 +382,8 @@ def _attach(
 def join(
     region: Path, store_read: Callable[[str, int, int], bytes], fanout: int
 ) -> PeerRead | None:
-    """In a Ray worker pulling ``region``: this node's server started, the tree joined;
+    """In a Ray worker pulling ``region``: the region served by this node's agent, the tree
+    joined;
     the reads to pull with, or None (not in Ray, or Ray refused: the store, as without
     peers). A node alone in its cluster reads the store at once and joins beside its pull
     (:meth:`PeerRead.attach`): the directory and its server are there for the nodes that

@@ -36,9 +36,9 @@ def _regions_now(base: Path) -> dict[Path, dict]:
 
 def _kill_the_middle_mid_copy(base: Path, objects, local: Path, seen: dict, stop) -> None:
     """In the test, beside the job: once the three nodes form their chain (root -> middle ->
-    tail), SIGKILL the middle node's server while the tail has part of the weights, then,
-    once every region is complete (the engines still hold them), compare each with the
-    model's bytes."""
+    tail), SIGKILL the middle node's server (its node agent: Ray restarts it) while the tail
+    has part of the weights, then, once every region is complete (the engines still hold
+    them), compare each with the model's bytes."""
     import signal
 
     def complete(region: Path) -> bool:
@@ -84,11 +84,11 @@ def test_a_job_on_three_nodes_reads_the_store_once_and_survives_a_dead_peer(
     s3_server, s3_env, tiny_models, work
 ):
     """The issue's job: three Ray nodes with one engine slot each (and a head for the CPU
-    stages), the store behind a 48 KiB/s link, weight_peers=1 so that the nodes form a
-    chain (root -> middle -> tail). The middle node's server is killed (SIGKILL) while the
-    tail copies from it: the tail reports it lost and copies the rest from the root. Every
-    row is answered; the store's access log shows each weight object read once for the
-    whole cluster; every region equals the store's bytes; no region, peer actor or
+    stages), the store behind a 48 KiB/s link, weight_peers=1 so that the nodes form a chain
+    (root -> middle -> tail). The middle node's server, its node agent, is killed (SIGKILL)
+    while the tail copies from it: the tail reports it lost and copies the rest from the
+    root. Every row is answered; the store's access log shows each weight object read once
+    for the whole cluster; every region equals the store's bytes; no region, peer actor or
     segment is left."""
     import threading
 

@@ -19,6 +19,7 @@ from helpers.waiting import wait_until
 
 from ray_stream_llm.errors import ObjectChangedError
 from ray_stream_llm.fetch import fetch_metadata_report
+from ray_stream_llm.integrations.ray.agent import agent_name
 from ray_stream_llm.tools.link import Link
 from ray_stream_llm.weights import marks, peers, pull
 
@@ -75,15 +76,17 @@ def _users(cluster, env, uri, base, nodes=NODES):
     class User:
         def __init__(self, uri_text, base_dir):
             from ray_stream_llm.fetch import fetch_metadata_report
+            from ray_stream_llm.integrations.ray.agent import keep_region
             from ray_stream_llm.uri import parse_model_uri
             from ray_stream_llm.weights.region import NodeWeights, Sharing
 
             report = fetch_metadata_report(uri_text)
             self.objects = report.weight_objects
-            self.weights = NodeWeights(
+            self.weights = NodeWeights(  # as a job's actors hold it: the node's agent keeps it
                 parse_model_uri(report.uri),
                 report.weight_objects,
                 Sharing("node", base=base_dir, peers=True),
+                keep_region,
             )
             self.region = self.weights.acquire()
 
@@ -104,12 +107,14 @@ def _users(cluster, env, uri, base, nodes=NODES):
 
 
 def _named_actors():
+    """The peers' directories left (the node agents end on their own once idle: the suite's
+    end checks that none is left)."""
     import ray
 
     return [
         a
         for a in ray.util.list_named_actors(all_namespaces=True)
-        if a["namespace"] == "ray_stream_llm"
+        if a["namespace"] == "ray_stream_llm" and not a["name"].startswith("rsl-agent-")
     ]
 
 
@@ -230,11 +235,11 @@ def test_a_node_added_after_the_others_filled_fills_from_a_peer(
 def test_a_whole_region_taken_again_serves_the_nodes_that_join_later(
     s3_server, s3_env, tiny_models, base, first_nodes
 ):
-    """A node's region is whole and its server is gone (as when the region was kept warm
-    from an earlier Ray session, whose actors ended with it: here the server is killed);
-    a second user on that node takes the region, which has nothing to pull: the node's
-    server starts again and is in the tree, so a node added afterwards copies from it and
-    reads nothing from the store."""
+    """A node's region is whole and its server, the node's agent, is gone (as when the
+    region was kept warm from an earlier Ray session, whose actors ended with it: here the
+    agent is killed); a second user on that node takes the region, which has nothing to
+    pull: the node's server starts again and is in the tree, so a node added afterwards
+    copies from it and reads nothing from the store."""
     import ray
 
     model = copy_model(s3_server, tiny_models["sharded"], "peers-whole")
@@ -245,7 +250,7 @@ def test_a_whole_region_taken_again_serves_the_nodes_that_join_later(
     region, node = ray.get(first.where.remote())
     key = Path(region).name
     wait_until(lambda: _tree(key) == {node: None}, 60, lambda: repr(_tree(key)), poll=0.1)
-    old = ray.get_actor(peers.server_name(key, node), namespace=peers.NAMESPACE)
+    old = ray.get_actor(agent_name(node), namespace=peers.NAMESPACE)  # the node's server
     old_pid = ray.get(old.pid.remote())
     ray.kill(old)
     [again] = _users(first_nodes, env, model.uri, base, nodes=NODES[:1])
@@ -253,7 +258,7 @@ def test_a_whole_region_taken_again_serves_the_nodes_that_join_later(
 
     def server_pid() -> int | None:
         try:
-            server = ray.get_actor(peers.server_name(key, node), namespace=peers.NAMESPACE)
+            server = ray.get_actor(agent_name(node), namespace=peers.NAMESPACE)
             return int(ray.get(server.pid.remote(), timeout=10))
         except (ValueError, ray.exceptions.RayActorError):
             return None
@@ -342,9 +347,9 @@ def test_a_byte_damaged_in_a_peers_copy_is_a_typed_error_never_a_served_weight(
 def test_a_peer_killed_mid_copy_is_replaced_and_every_region_completes(
     s3_server, s3_env, tiny_models, base, cluster
 ):
-    """The root's server is killed while the others copy from it: they report it lost, the
-    directory gives one of them the store and the other that one (never a cycle), and every
-    region completes with the store's bytes."""
+    """The root's server (its node agent) is killed while the others copy from it: they
+    report it lost, the directory gives one of them the store and the other that one (never
+    a cycle), and every region completes with the store's bytes."""
     import ray
 
     model = copy_model(s3_server, tiny_models["sharded"], "peers-kill")
@@ -374,7 +379,7 @@ def test_a_peer_killed_mid_copy_is_replaced_and_every_region_completes(
             f"no progress in the root's region {root_region}",
         )
         assert not all(marks.done(Path(root_region), o.path) for o in objects)
-        ray.kill(ray.get_actor(peers.server_name(key, root), namespace=peers.NAMESPACE))
+        ray.kill(ray.get_actor(agent_name(root), namespace=peers.NAMESPACE))  # its server
         ray.get([u.wait.remote() for u in users])
     for region in regions:
         for o in objects:

@@ -14,7 +14,9 @@ leftovers, and never the agent, which is no worker's child.
 Each actor that holds a region of the node's shared weights hands it to the agent
 (:func:`keep_region`), which runs the region's :func:`~ray_stream_llm.weights.lifetime.reap`
 in a thread: the region is removed once no live process has held it for 2 s, or, kept warm
-(``keep_warm_s``), once its time is up. An agent keeping a region does not end.
+(``keep_warm_s``), once its time is up. An agent keeping a region does not end. It is also
+the region's server for the nodes that copy it (``weights/peers.py``: :meth:`NodeAgent.read`),
+until it removes it.
 
 What it watches is also kept in a file per engine on the node (:func:`state_dir`, written
 whole), for when the agent ends with its Ray. A local Ray (``ray.init()`` in the driver)
@@ -46,17 +48,13 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
-from ray_stream_llm.actors import library_actor
+from ray_stream_llm.actors import agent_name, library_actor
 from ray_stream_llm.files import write_whole
 
 logger = logging.getLogger(__name__)
 
 IDLE_S = 10.0  # an agent with nothing to watch this long ends itself
 MAX_RESTARTS = 3  # an agent killed on its own is restarted; one that ends itself is not
-
-
-def agent_name(node_id: str) -> str:
-    return f"rsl-agent-{node_id}"
 
 
 def _record_region(records: Path, region: str) -> Path:
@@ -175,6 +173,9 @@ class NodeAgent:
         return True
 
     def _keep(self, record: Path, region: str) -> None:
+        import ray
+
+        from ray_stream_llm.weights import peers
         from ray_stream_llm.weights.lifetime import reap
 
         try:
@@ -184,12 +185,36 @@ class NodeAgent:
                     if not os.path.exists(region):
                         del self._keeping[region]
                         record.unlink(missing_ok=True)
-                        return
+                        break
+            peers.leave(Path(region), ray.get_runtime_context().get_node_id())
         except Exception:  # its record is left to the driver's exit or the next agent
             with self._lock:
                 self._keeping.pop(region, None)
             logger.exception("keeping the shared region %s failed", region)
             raise
+
+    def read(self, region: str, name: str, start: int, end: int) -> bytes:
+        """Bytes ``start``..``end`` of the weight file ``name`` of ``region``, a region this
+        agent keeps, for a node that copies it (``weights.peers.read_range``)."""
+        from ray_stream_llm.weights import peers
+
+        return peers.read_range(self._kept(region), name, start, end)
+
+    def digest(self, region: str, name: str) -> str:
+        """The sha256 this node's pull recorded for ``name`` of ``region``, a region this
+        agent keeps, once the file is whole (``weights.peers.file_digest``)."""
+        from ray_stream_llm.weights import peers
+
+        return peers.file_digest(self._kept(region), name)
+
+    def _kept(self, region: str) -> Path:
+        with self._lock:
+            if region not in self._keeping:
+                raise FileNotFoundError(f"the node agent does not keep {region}")
+        return Path(region)
+
+    def pid(self) -> int:
+        return os.getpid()
 
     def keeping(self) -> list[str]:
         """The regions kept now."""
@@ -266,7 +291,7 @@ def _agent(node_id: str, records: Path) -> Any:
         NodeAgent,
         agent_name(node_id),
         node_id,
-        max_concurrency=4,
+        max_concurrency=64,  # each read of a peer's copy waits for its bytes
         max_restarts=MAX_RESTARTS,  # the restarted agent takes its records up again
     ).remote(str(records))
 
