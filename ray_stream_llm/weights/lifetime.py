@@ -1,16 +1,19 @@
 """How long a node's region lives: its holders, its keeper, kept warm, retired.
 
-Clean-up is reference counted: each process that holds a region adds
-``.refs/<pid>-<start time>`` (:func:`add_ref`) and drops it when done (:func:`drop_ref`); the
-last one retires the region: removed, or, whole and asked to be kept warm
-(``keep_warm_s``), kept until ``.warm_until``. A process that is killed cannot drop its
-reference, so every holder hands the region to its *keeper*: in a Ray job the node's agent
-(``integrations/ray/agent.py``, an actor), which runs :func:`reap` until the region is gone;
-outside Ray a thread of the holding process (:func:`reap_in_thread`). A region whose keeper
-ended too (its Ray shut down, its driver killed) is retired by the next region made on the
-node (:func:`sweep_regions`) or by the driver's exit (:func:`retire`); a warm one left under
-an earlier Ray session's node id is taken by the next job of the same weights
-(:func:`adopt_warm`).
+Clean-up is reference counted: each holder of a region adds its mark to ``.refs/``
+(:func:`add_ref`) and drops it when done (:func:`drop_ref`); the last one retires the
+region: removed, or, whole and asked to be kept warm (``keep_warm_s``), kept until
+``.warm_until``. A Ray actor's mark is its actor id (``actor-<id>``, holding its raylet's
+pid and start time): it holds the region until Ray reports the actor dead (asked by the
+node's agent, its keeper) or its Ray has ended. Any other process's mark is its pid and
+start time (``<pid>-<start>``): it holds the region while that process runs. A holder that
+is killed cannot drop its mark, so every holder hands the region to its *keeper*: in a Ray
+job the node's agent (``integrations/ray/agent.py``, an actor), which runs :func:`reap`
+until the region is gone; outside Ray a thread of the holding process
+(:func:`reap_in_thread`). A region whose keeper ended too (its Ray shut down, its driver
+killed) is retired by the next region made on the node (:func:`sweep_regions`) or by the
+driver's exit (:func:`retire`); a warm one left under an earlier Ray session's node id is
+taken by the next job of the same weights (:func:`adopt_warm`).
 
 The region's lock is :func:`ray_stream_llm.files.locked` (its limits are stated there), of
 the local node: regions are per node by design.
@@ -25,7 +28,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ray_stream_llm.files import locked, write_whole
@@ -53,33 +56,61 @@ def _proc_start(pid: int) -> str | None:
     return None if len(fields) < 20 or fields[0] in ("Z", "X") else fields[19]
 
 
-def live_refs(region: Path, ended_parent: int | None = None) -> list[Path]:
-    """The references of ``region``'s live holders; those of exited ones are removed. With
-    ``ended_parent``, the pid of a parent that has exited (a Ray's raylet, shut down): its
-    children, its workers, hold nothing any more (they serve no one and are ending)."""
+ActorAlive = Callable[[str], bool]  # whether Ray has the actor of this id alive
+
+
+def live_refs(region: Path, actor_alive: ActorAlive | None = None) -> list[Path]:
+    """The marks of ``region``'s live holders; those of ended ones are removed. An actor's
+    mark holds while its Ray runs; with ``actor_alive`` (the node's agent: its Ray's actor
+    table), in a worker of the actor's own raylet, only while Ray has the actor alive."""
     live = []
     for ref in (region / ".refs").glob("*"):
-        pid, _, start = ref.name.partition("-")
-        if not (pid.isdigit() and _proc_start(int(pid)) == start):
-            ref.unlink(missing_ok=True)  # its process is gone
-        elif ended_parent is None or not _child_of(ref, ended_parent):
+        if ref.name.startswith("actor-"):
+            holds = _actor_holds(ref, actor_alive)
+        else:
+            pid, _, start = ref.name.partition("-")
+            holds = pid.isdigit() and _proc_start(int(pid)) == start
+        if holds:
             live.append(ref)
+        else:
+            ref.unlink(missing_ok=True)  # its holder is gone
     return live
 
 
-def _child_of(ref: Path, parent: int) -> bool:
-    """Whether the holder of ``ref`` was started by ``parent`` (:func:`add_ref` records it)."""
+def _actor_holds(ref: Path, actor_alive: ActorAlive | None) -> bool:
+    """Whether the actor of the mark ``ref`` still holds its region: not once its raylet
+    has ended (its Ray is gone; a worker may outlive it by seconds, serving no one); where
+    this process is a worker of that raylet and ``actor_alive`` is given, as Ray says."""
     try:
-        return int(ref.read_text().split()[0]) == parent
-    except (OSError, ValueError, IndexError):
+        pid, start = ref.read_text().split()
+        raylet = int(pid)
+    except (OSError, ValueError):
+        return False  # written whole (add_ref): unreadable is gone
+    if _proc_start(raylet) != start:
         return False
+    if actor_alive is None or raylet != os.getppid():
+        return True  # its Ray's node agent decides
+    return actor_alive(ref.name.removeprefix("actor-"))
+
+
+def _actor_id() -> str | None:
+    """This process's Ray actor id, None outside an actor (the driver, a task, no Ray)."""
+    import ray
+
+    return ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
 
 
 def add_ref(region: Path) -> Path:
-    """This process's reference to ``region`` (under :func:`region_lock`): named by its pid
-    and start time, holding its parent's pid (a Ray worker's: its raylet)."""
-    ref = region / ".refs" / f"{os.getpid()}-{_proc_start(os.getpid())}"
-    ref.write_text(f"{os.getppid()}\n")
+    """This holder's mark in ``region`` (under :func:`region_lock`), written whole: in a Ray
+    actor ``actor-<id>`` holding its raylet's (its parent's) pid and start time, else
+    ``<pid>-<start time>``."""
+    actor = _actor_id()
+    if actor is None:
+        ref = region / ".refs" / f"{os.getpid()}-{_proc_start(os.getpid())}"
+        ref.touch()
+    else:
+        ref = region / ".refs" / f"actor-{actor}"
+        write_whole(ref, f"{os.getppid()} {_proc_start(os.getppid())}\n")
     return ref
 
 
@@ -89,10 +120,10 @@ def drop_ref(region: Path, ref: Path) -> None:
     retire(region)
 
 
-def _idle(region: Path, ended_parent: int | None = None) -> bool:
-    """Whether no live process holds ``region`` (:func:`live_refs`) and none pulls into it
+def _idle(region: Path, actor_alive: ActorAlive | None = None) -> bool:
+    """Whether no live holder holds ``region`` (:func:`live_refs`) and none pulls into it
     (a decision to retire it is taken under its lock: :func:`retire`, :func:`sweep_regions`)."""
-    return not live_refs(region, ended_parent) and pull_free(region)
+    return not live_refs(region, actor_alive) and pull_free(region)
 
 
 @contextlib.contextmanager
@@ -194,17 +225,24 @@ def _warm(region: Path) -> bool:
         return False
 
 
-def reap(region: Path, *, grace: float = 2.0, poll: float = 0.5) -> None:
-    """Keep ``region`` until it is gone: retire it (:func:`_retire`) once no live process
-    has held a reference or pulled into it for ``grace`` seconds, and, kept warm, remove it
-    once its time is up and no job took it again. The keeper's loop."""
+def reap(
+    region: Path,
+    *,
+    grace: float = 2.0,
+    poll: float = 0.5,
+    actor_alive: ActorAlive | None = None,
+) -> None:
+    """Keep ``region`` until it is gone: retire it (:func:`_retire`) once no live holder
+    (:func:`live_refs`, given ``actor_alive``) has held it or pulled into it for ``grace``
+    seconds, and, kept warm, remove it once its time is up and no job took it again. The
+    keeper's loop."""
     idle_since: float | None = None
     while region.exists():
-        if not _idle(region):
+        if not _idle(region, actor_alive):
             idle_since = None
         elif idle_since is None:
             idle_since = time.monotonic()
-        elif time.monotonic() - idle_since >= grace and retire(region):
+        elif time.monotonic() - idle_since >= grace and retire(region, actor_alive=actor_alive):
             return
         time.sleep(poll)
 
@@ -233,15 +271,15 @@ def reap_in_thread(region: Path) -> None:
     threading.Thread(target=run, name="rsl-reap", daemon=True).start()
 
 
-def retire(region: Path, wait: float = 0.0, ended_parent: int | None = None) -> bool:
-    """Retire ``region`` as its keeper would once no live process holds it (waiting up to
-    ``wait`` s for its holders to exit; the children of ``ended_parent`` hold nothing:
-    :func:`live_refs`): removed, or kept warm. True when it is gone (or was already); False
-    while it is held, pulled into or kept warm."""
+def retire(region: Path, wait: float = 0.0, actor_alive: ActorAlive | None = None) -> bool:
+    """Retire ``region`` as its keeper would once no live holder holds it (waiting up to
+    ``wait`` s for its holders to end: :func:`live_refs`, given ``actor_alive``): removed, or
+    kept warm. True when it is gone (or was already); False while it is held, pulled into
+    or kept warm."""
     deadline = time.monotonic() + wait
     while region.exists():
         with region_lock(region):
-            if _idle(region, ended_parent):
+            if _idle(region, actor_alive):
                 return _retire(region)
         if time.monotonic() >= deadline:
             return False

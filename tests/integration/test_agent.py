@@ -170,8 +170,18 @@ _AGENT_KILLED = _driver("""
     os.kill(first, signal.SIGKILL)  # the agent alone, as a memory monitor or an operator may
     killed = time.monotonic()
     until(lambda: agents() not in ([], [first]), "a restarted agent")
-    again = {"keeping": ray.get(agent.keeping.remote()),
-             "watching": ray.get(agent.watching.remote())}
+    answers = {}
+
+    def asked():  # a call sent before this driver heard of the restart is refused: again
+        try:
+            answers.update(keeping=ray.get(agent.keeping.remote()),
+                           watching=ray.get(agent.watching.remote()))
+        except ray.exceptions.ActorUnavailableError:
+            return False
+        return True
+
+    until(asked, "the restarted agent's answer")
+    again = answers
     restarted_s = time.monotonic() - killed
     # then the engine: what it left is the restarted agent's
     clean_s = cleaned_after_kill(actor, kid, name, rpc_dir, region)

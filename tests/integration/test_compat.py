@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -489,6 +490,29 @@ def test_ray_workers_import_the_package_the_driver_imports(small_cluster):
         return ray_stream_llm.__file__
 
     assert ray.get(imported.remote()) == ray_stream_llm.__file__
+
+
+def test_the_actor_table_says_when_a_holder_actor_died(small_cluster):
+    """The node agent counts an actor as a region's holder while Ray's actor table has it
+    alive (``compat.actor_alive``, a Ray internal read the same way across the range): an
+    actor SIGKILLed, as Ray's memory monitor kills, is dead to it; an id Ray never made too."""
+    import signal
+
+    from helpers.waiting import wait_until
+
+    from ray_stream_llm.integrations.ray.compat import actor_alive
+
+    @ray.remote(num_cpus=0)
+    class Holder:
+        def who(self) -> tuple[str, int]:
+            return ray.get_runtime_context().get_actor_id(), os.getpid()
+
+    holder = Holder.remote()
+    actor, pid = ray.get(holder.who.remote())
+    assert actor_alive(actor)
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not actor_alive(actor), 30, "the actor table never said it died")
+    assert not actor_alive("ff" * 16)
 
 
 # --- what the library touches in vLLM and torch (docs/architecture.md) ----------------------

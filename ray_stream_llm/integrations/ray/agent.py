@@ -175,12 +175,13 @@ class NodeAgent:
     def _keep(self, record: Path, region: str) -> None:
         import ray
 
+        from ray_stream_llm.integrations.ray.compat import actor_alive
         from ray_stream_llm.weights import peers
         from ray_stream_llm.weights.lifetime import reap
 
         try:
             while True:
-                reap(Path(region))
+                reap(Path(region), actor_alive=actor_alive)
                 with self._lock:  # made again as this thread ended: kept on
                     if not os.path.exists(region):
                         del self._keeping[region]
@@ -431,9 +432,9 @@ def retire_orphaned_regions(
 ) -> list[str]:
     """In a process of the node: retire the regions the node's agents kept when their Ray
     ended (``weights.lifetime.retire``: removed, or kept warm), waiting up to ``wait`` s in
-    all for the raylets in ``ending`` and for the regions' other holders to exit; the holders
-    that were that Ray's workers hold nothing once it has ended (they serve no one, and may
-    take seconds to notice: a notebook's kernel gets 2.5 s to exit). A region kept warm
+    all for the raylets in ``ending`` and for the regions' other holders to end; the actors
+    of that Ray hold nothing once it has ended (they serve no one, and may take seconds to
+    notice: a notebook's kernel gets 2.5 s to exit). A region kept warm
     stays recorded: the node's next agent keeps it until its time is up. A record of a Ray
     that still runs is its agent's. The regions removed."""
     from ray_stream_llm.weights.lifetime import retire
@@ -444,7 +445,7 @@ def retire_orphaned_regions(
     for record, state in left:
         try:
             wait_s = max(0.0, deadline - time.monotonic())
-            if retire(Path(state["region"]), wait_s, ended_parent=state["raylet"][0]):
+            if retire(Path(state["region"]), wait_s):
                 record.unlink(missing_ok=True)
                 removed.append(state["region"])
         except (OSError, ValueError, KeyError, TypeError):

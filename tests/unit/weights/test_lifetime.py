@@ -27,14 +27,6 @@ HOLD = textwrap.dedent("""
         sys.stdin.read()  # until the test closes it
 """)
 
-# a parent (standing for a raylet) starts the holder (its worker), then exits
-SPAWN = textwrap.dedent("""
-    import subprocess, sys
-    holder = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2], "stay"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    print(holder.stdout.readline().strip(), flush=True)
-""")
-
 
 def _region(tmp_path: Path) -> Path:
     region = tmp_path / "node" / "0123456789abcdef"
@@ -42,29 +34,46 @@ def _region(tmp_path: Path) -> Path:
     return region
 
 
-def test_the_children_of_an_ended_parent_hold_nothing_once_it_is_named(tmp_path):
-    """A Ray's workers outlive its raylet by seconds (a notebook's stage actor: 1.7 s idle,
-    more under load); the driver's exit retires the region at once, naming the raylet."""
+def _actor_mark(region: Path, actor: str, raylet: int) -> None:
+    """The mark a Ray actor's ``add_ref`` writes: its id, its raylet's pid and start time."""
+    start = lifetime._proc_start(raylet)
+    (region / ".refs" / f"actor-{actor}").write_text(f"{raylet} {start}\n")
+
+
+def test_an_actors_mark_holds_while_its_ray_runs_and_ray_has_it_alive(tmp_path):
+    """An actor holds a region while its raylet runs; the node's agent, a worker of that
+    raylet, asks Ray's actor table (``actor_alive``) and counts only the live ones; a mark
+    of another raylet is that Ray's agent's to judge; once a raylet has ended, its actors
+    hold nothing, whatever their workers still do (a notebook's stage actor outlived its
+    raylet by 1.7 s)."""
     region = _region(tmp_path)
-    parent = subprocess.Popen(
-        [sys.executable, "-c", SPAWN, HOLD, str(region)], stdout=subprocess.PIPE, text=True
+    other = subprocess.Popen(  # stands for another Ray's raylet
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
     )
-    assert parent.stdout is not None
-    holder = psutil.Process(int(parent.stdout.readline()))
-    assert parent.wait(timeout=60) == 0
     try:
-        assert holder.is_running() and holder.status() != psutil.STATUS_ZOMBIE
-        (ref,) = lifetime.live_refs(region)
-        assert ref.name == f"{holder.pid}-{lifetime._proc_start(holder.pid)}"
-        assert ref.read_text().split() == [str(parent.pid)]  # its parent, recorded
-        assert not lifetime.retire(region)  # held: no ended parent named
-        assert not lifetime.retire(region, ended_parent=os.getpid())  # not its parent
-        assert region.exists()
-        assert lifetime.retire(region, ended_parent=parent.pid)
-        assert not region.exists() and not region.parent.exists()
-        assert holder.is_running()  # not ended by the library: only not counted
+        _actor_mark(region, "a1", other.pid)
+        _actor_mark(region, "b2", os.getppid())  # this process's raylet, as for the agent
+        _actor_mark(region, "c3", os.getppid())
+        asked: list[str] = []
+
+        def alive(actor: str) -> bool:
+            asked.append(actor)
+            return actor == "c3"
+
+        assert len(lifetime.live_refs(region)) == 3  # no actor table: every Ray runs
+        held = lifetime.live_refs(region, alive)
+        assert sorted(r.name for r in held) == ["actor-a1", "actor-c3"]
+        assert sorted(asked) == ["b2", "c3"]  # never about another Ray's actor
+        assert not (region / ".refs" / "actor-b2").exists()  # dead: its mark removed
+        (region / ".refs" / "actor-c3").unlink()  # dropped
+        assert not lifetime.retire(region, actor_alive=alive)  # a1's Ray runs
+        assert other.stdin is not None
+        other.stdin.close()
+        other.wait(timeout=30)
+        assert lifetime.live_refs(region) == []  # its Ray has ended
+        assert lifetime.retire(region) and not region.exists()
     finally:
-        holder.kill()
+        other.kill()
 
 
 def test_a_holder_that_exited_unreaped_holds_nothing(tmp_path):
