@@ -65,6 +65,8 @@ def live_refs(region: Path, actor_alive: ActorAlive | None = None) -> list[Path]
     table), in a worker of the actor's own raylet, only while Ray has the actor alive."""
     live = []
     for ref in (region / ".refs").glob("*"):
+        if ref.name.startswith("."):
+            continue  # a mark being written (files.write_whole's temporary name)
         if ref.name.startswith("actor-"):
             holds = _actor_holds(ref, actor_alive)
         else:

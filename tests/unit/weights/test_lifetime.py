@@ -52,6 +52,8 @@ def test_an_actors_mark_holds_while_its_ray_runs_and_ray_has_it_alive(tmp_path):
     )
     try:
         _actor_mark(region, "a1", other.pid)
+        writing = region / ".refs" / f".actor-d4.{os.getpid()}.1.tmp"  # write_whole's
+        writing.touch()
         _actor_mark(region, "b2", os.getppid())  # this process's raylet, as for the agent
         _actor_mark(region, "c3", os.getppid())
         asked: list[str] = []
@@ -61,6 +63,7 @@ def test_an_actors_mark_holds_while_its_ray_runs_and_ray_has_it_alive(tmp_path):
             return actor == "c3"
 
         assert len(lifetime.live_refs(region)) == 3  # no actor table: every Ray runs
+        assert writing.exists()  # a mark being written: not a holder yet, and left alone
         held = lifetime.live_refs(region, alive)
         assert sorted(r.name for r in held) == ["actor-a1", "actor-c3"]
         assert sorted(asked) == ["b2", "c3"]  # never about another Ray's actor
