@@ -53,6 +53,7 @@ from ray_stream_llm.weights.marks import (
     UNSHARED,
     digest_of,
     done,
+    objects_of,
     partial,
     progress,
 )
@@ -142,7 +143,7 @@ def _check_name(region: Path, name: str) -> None:
     """Refuse ``name`` unless it is a weight file of ``region`` (its marker lists it): the
     only files a node serves."""
     try:
-        names = {o["path"] for o in json.loads((region / CREATED).read_text())["objects"]}
+        names = {o.path for o in objects_of(region)}
     except FileNotFoundError:
         raise FileNotFoundError(f"{region} was removed") from None
     if name not in names:

@@ -27,19 +27,26 @@ SHM_DIR = Path("/dev/shm")
 PREFIXES = ("psm_", "vllm_dist_")  # the names of the segments vLLM's processes make
 
 
+def _shm_mapped(pid: int | str) -> set[str]:
+    """Names of the ``/dev/shm`` files process ``pid`` maps now; none once it has exited
+    (or is not ours to read)."""
+    names: set[str] = set()
+    try:
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                if "/dev/shm/" in line:
+                    names.add(line.rsplit("/dev/shm/", 1)[1].split(" ", 1)[0].strip())
+    except OSError:
+        pass
+    return names
+
+
 def _mapped_segments() -> set[str]:
     """Names of ``/dev/shm`` files mapped by any process we can inspect."""
     names: set[str] = set()
     for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            with open(proc / "maps", encoding="utf-8", errors="replace") as maps:
-                for line in maps:
-                    if "/dev/shm/" in line:
-                        names.add(line.rsplit("/dev/shm/", 1)[1].split(" ", 1)[0].strip())
-        except OSError:  # the process exited, or is not ours to read
-            continue
+        if proc.name.isdigit():
+            names |= _shm_mapped(proc.name)
     return names
 
 
@@ -55,17 +62,10 @@ def _processes(pid: int) -> list[Any]:
 
 
 def _mapped_by(procs: list[Any]) -> set[str]:
+    """Names of vLLM's segments (:data:`PREFIXES`) that ``procs`` map now."""
     names: set[str] = set()
     for proc in procs:
-        try:
-            with open(f"/proc/{proc.pid}/maps", encoding="utf-8", errors="replace") as maps:
-                for line in maps:
-                    if "/dev/shm/" in line:
-                        name = line.rsplit("/dev/shm/", 1)[1].split(" ", 1)[0].strip()
-                        if name.startswith(PREFIXES):
-                            names.add(name)
-        except OSError:  # the process exited
-            continue
+        names |= {n for n in _shm_mapped(proc.pid) if n.startswith(PREFIXES)}
     return names
 
 
