@@ -113,8 +113,9 @@ def vllm_compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
     loads it was ready in 13 s, one that compiled in 39 s (measured here, on loaded
     cores). The tests of a start that compiles keep their HOME's cache their own:
     tests/e2e/test_compile_cache.py (its nodes' own caches), test_readme.py (a new user's
-    first start, then the second's hit), test_resume.py (the artifact shipped through the
-    store), the bench's jobs (test_cli.py); so do make demo's (test_demo.py)."""
+    first start, then the second's hit), test_resume.py's warm re-run (the artifact
+    shipped through the store), the bench's jobs (test_cli.py); so do make demo's
+    (test_demo.py)."""
     return tmp_path_factory.mktemp("vllm-compiled")
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers.jobs import share_model_records, wait_regions_released
+from helpers.jobs import share_compiled_code, share_model_records, wait_regions_released
 from helpers.links import TappedLink
 from helpers.paths import HELPERS
 from helpers.s3log import BUCKET, AccessLog, prefix_of
@@ -271,7 +271,7 @@ def test_a_killed_job_resumes_warm_on_two_cpus_and_writes_every_id_once(
 @pytest.mark.e2e
 @pytest.mark.engine
 def test_run_resume_answers_only_what_a_killed_run_left(
-    s3_server, tiny_models, work, vllm_modelinfos
+    s3_server, tiny_models, work, vllm_modelinfos, vllm_compiled
 ):
     """``ray-stream-llm run --resume s3://...``, on an input without an ``id`` column (rows
     keyed by their position): killed while it records its second batch (the store behind a
@@ -292,6 +292,7 @@ def test_run_resume_answers_only_what_a_killed_run_left(
     def start(run: str, env: dict[str, str]) -> subprocess.Popen:
         (work / run).mkdir()
         share_model_records(work / run, vllm_modelinfos)
+        share_compiled_code(work / run, vllm_compiled)  # compiled once, not once per run
         log = open(work / run / "job.log", "w")  # noqa: SIM115 (closed with the process)
         return subprocess.Popen(
             argv,
