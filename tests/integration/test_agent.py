@@ -89,6 +89,21 @@ _ENGINE = textwrap.dedent("""
         while not clean() and time.monotonic() - killed < 20:
             time.sleep(0.05)
         return time.monotonic() - killed if clean() else None
+
+    def unclean(region, temp):
+        # what the agents saw of a region left held (a failure seen only under load): its
+        # holders' marks, the actor table's word on them, the agents' parents (a mark's
+        # actor is counted by a worker of its raylet) and the tail of the agents' logs
+        import glob
+        from ray_stream_llm.integrations.ray.compat import actor_alive
+        refs = os.path.join(region, ".refs")
+        marks = {r: open(os.path.join(refs, r)).read() for r in sorted(os.listdir(refs))}
+        return {"marks": marks,
+                "alive": {r: actor_alive(r.removeprefix("actor-")) for r in marks},
+                "agents": {p: psutil.Process(p).ppid() for p in agents()},
+                "logs": {os.path.basename(f): open(f).read()[-2000:]
+                         for p in agents()
+                         for f in glob.glob(f"{temp}/session_*/logs/worker-*-{p}.*")}}
 """)
 
 
@@ -186,7 +201,9 @@ _AGENT_KILLED = _driver("""
     # then the engine: what it left is the restarted agent's
     clean_s = cleaned_after_kill(actor, kid, name, rpc_dir, region)
     print(json.dumps({"actor": actor, "region": region, "again": again, "clean_s": clean_s,
-                      "restarted_s": restarted_s}), flush=True)
+                      "restarted_s": restarted_s,
+                      "unclean": None if clean_s is not None else unclean(region, temp)}),
+          flush=True)
     ray.shutdown()
 """)
 
@@ -201,7 +218,7 @@ def test_a_killed_agent_is_restarted_and_keeps_what_it_kept(work):
     try:
         out = _drive(work, _AGENT_KILLED, name, {})
         assert out["again"] == {"keeping": [out["region"]], "watching": [out["actor"]]}
-        assert out["clean_s"] is not None, list(base.rglob("*"))
+        assert out["clean_s"] is not None, (out["unclean"], list(base.rglob("*")))
         print(
             f"\nrestarted {out['restarted_s']:.1f} s after the SIGKILL of the agent; "
             f"clean {out['clean_s']:.1f} s after the engine's"
