@@ -164,11 +164,13 @@ test: lint typecheck
 test-one-stream: lint typecheck test-main test-compat
 
 MAIN = $(PYTEST) -m "not compat and not slow" --durations=25 --junit-xml=$(DURATIONS)/$@.xml
-# about half the suite's time (the files' durations in CI), with no file in both streams; the
+# about half the suite's time with the contract tests after it (the files' and reports'
+# seconds: tests/durations.py, printed by make test), with no file in both streams; the
 # sharing and fault tests together (both use the session's sharded_job, one engine job)
 MAIN_B := tests/e2e/test_sharing.py tests/e2e/test_faults.py tests/e2e/test_resume.py \
 	tests/integration/test_resume_record.py tests/e2e/test_demo.py tests/e2e/test_cli.py \
-	tests/e2e/test_azure.py tests/e2e/test_gcs.py tests/e2e/test_lora.py
+	tests/e2e/test_azure.py tests/e2e/test_gcs.py tests/e2e/test_lora.py \
+	tests/integration/test_agent.py
 
 # the job-submission example ships the wheel to a cluster's environment without the library
 EXAMPLE_CLUSTER := $(WHEEL) $(BARE)/.setup-done
