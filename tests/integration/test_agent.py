@@ -90,15 +90,20 @@ _ENGINE = textwrap.dedent("""
             time.sleep(0.05)
         return time.monotonic() - killed if clean() else None
 
-    def unclean(region, temp):
-        # what the agents saw of a region left held (a failure seen only under load): its
-        # holders' marks, the actor table's word on them, the agents' parents (a mark's
-        # actor is counted by a worker of its raylet) and the tail of the agents' logs
+    def unclean(kid, name, rpc_dir, region, temp):
+        # what was left 20 s after the SIGKILL, and what the agents saw (a failure seen only
+        # under load): a region's holders' marks, the actor table's word on them, the
+        # agents' parents (a mark's actor is counted by a worker of its raylet) and the
+        # tail of the agents' logs
         import glob
         from ray_stream_llm.integrations.ray.compat import actor_alive
         refs = os.path.join(region, ".refs")
-        marks = {r: open(os.path.join(refs, r)).read() for r in sorted(os.listdir(refs))}
-        return {"marks": marks,
+        marks = {r: open(os.path.join(refs, r)).read()
+                 for r in (sorted(os.listdir(refs)) if os.path.isdir(refs) else [])}
+        left = {"kid": psutil.pid_exists(kid), "segment": os.path.exists("/dev/shm/" + name),
+                "rpc_dir": os.path.exists(rpc_dir), "region": os.path.exists(region)}
+        return {"left": left,
+                "marks": marks,
                 "alive": {r: actor_alive(r.removeprefix("actor-")) for r in marks},
                 "agents": {p: psutil.Process(p).ppid() for p in agents()},
                 "logs": {os.path.basename(f): open(f).read()[-2000:]
@@ -202,7 +207,8 @@ _AGENT_KILLED = _driver("""
     clean_s = cleaned_after_kill(actor, kid, name, rpc_dir, region)
     print(json.dumps({"actor": actor, "region": region, "again": again, "clean_s": clean_s,
                       "restarted_s": restarted_s,
-                      "unclean": None if clean_s is not None else unclean(region, temp)}),
+                      "unclean": None if clean_s is not None
+                      else unclean(kid, name, rpc_dir, region, temp)}),
           flush=True)
     ray.shutdown()
 """)
@@ -304,7 +310,10 @@ def test_a_local_rays_end_leaves_no_segment_of_its_engines(work, ending):
             env=env,
         )
         assert done.returncode == 0, done.stderr[-3000:]
-        actor, kid, recorded, region = json.loads(done.stdout.strip().splitlines()[-1])
+        # the line the driver printed (vLLM's log and Ray's workers' lines, "(pid=...)",
+        # may come before and after it)
+        [line] = [x for x in done.stdout.splitlines() if x.startswith("[")]
+        actor, kid, recorded, region = json.loads(line)
         assert recorded == [name]  # in the record before the engine's start returned
         assert not Path(f"/dev/shm/{name}").exists()
         # the engine's region, which the agent kept: retired at the driver's exit

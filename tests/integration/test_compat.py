@@ -668,3 +668,17 @@ def test_settle_ray_data_waits_for_the_threads_a_finished_dataset_left_in_ray(
     threading.Timer(1.0, release.set).start()
     settle_ray_data()
     assert release.is_set() and not left.is_alive()
+
+
+def test_an_engine_with_no_placement_needs_what_ray_data_gives_a_gpu_actor():
+    """The resources the library expects of an engine with no placement given (a node
+    without them pulls no weights) follow the Ray it runs on: Ray Data gives a GPU map
+    actor that names no CPUs one CPU from Ray 2.60.0 on (ray-project/ray#66202; 2.59.0's
+    wheel has not the rule), none before. Ray's own builder, on two nodes:
+    tests/integration/test_engine_nodes.py."""
+    from packaging.version import Version
+
+    from ray_stream_llm.integrations.ray.compat import default_engine_resources
+
+    since_2_60 = Version(ray.__version__) >= Version("2.60.0")
+    assert default_engine_resources() == ({"GPU": 1.0, "CPU": 1.0} if since_2_60 else {"GPU": 1.0})

@@ -130,7 +130,7 @@ def test_two_processes_share_one_pull(s3_server, s3_env, tiny_models, base):
         region = w.acquire()
         for o in report.weight_objects:
             wait_for(region, o.path)
-        print(region, flush=True)
+        print("region", region, flush=True)
         sys.stdin.readline()  # hold the reference until told
         w.release()
     """)
@@ -140,7 +140,7 @@ def test_two_processes_share_one_pull(s3_server, s3_env, tiny_models, base):
         )
         for _ in range(2)
     ]
-    regions = {p.stdout.readline().strip() for p in procs}
+    regions = {_region_printed(p) for p in procs}
     assert len(regions) == 1
     region = Path(regions.pop())
     gets = log.gets(prefix_of(model.uri))
@@ -151,6 +151,16 @@ def test_two_processes_share_one_pull(s3_server, s3_env, tiny_models, base):
     assert region.exists()  # the other process still holds it
     procs[1].communicate("\n", timeout=30)
     _wait_gone(region)
+
+
+def _region_printed(proc: subprocess.Popen) -> str:
+    """The region the process printed ("region <path>"): its other lines are vLLM's log,
+    which goes to stdout where Ray's LLM stages import vLLM with ray.data.llm (Ray 2.54)."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("region "):
+            return line.removeprefix("region ").strip()
+    raise AssertionError(f"the process printed no region (exit {proc.wait()})")
 
 
 def test_a_killed_holders_region_is_removed_by_its_keeper(s3_server, s3_env, tiny_models, base):
@@ -164,11 +174,11 @@ def test_a_killed_holders_region_is_removed_by_its_keeper(s3_server, s3_env, tin
         report = fetch_metadata_report({model.uri!r})
         w = NodeWeights(parse_model_uri(report.uri), report.weight_objects,
                         Sharing("node", base={str(base)!r}))
-        print(w.acquire(), flush=True)
+        print("region", w.acquire(), flush=True)
         import time; time.sleep(600)
     """)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    region = Path(proc.stdout.readline().strip())
+    region = Path(_region_printed(proc))
     assert region.exists()
     keeper = threading.Thread(target=lifetime.reap, args=(region,), kwargs={"poll": 0.1})
     keeper.start()
@@ -191,13 +201,13 @@ def test_a_dead_puller_is_taken_over(s3_server, s3_env, tiny_models, base):
             report = fetch_metadata_report({model.uri!r})
             w = NodeWeights(parse_model_uri(report.uri), report.weight_objects,
                             Sharing("node", base={str(base)!r}))
-            print(w.acquire(), flush=True)
+            print("region", w.acquire(), flush=True)
             import time; time.sleep(600)
         """)
         puller = subprocess.Popen(
             [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env
         )
-        region = Path(puller.stdout.readline().strip())
+        region = Path(_region_printed(puller))
         reader = NodeWeights(uri, objects, Sharing("node", base=str(base)))
         assert reader.acquire() == str(region)
         os.kill(puller.pid, signal.SIGKILL)  # mid-pull: the link is slow

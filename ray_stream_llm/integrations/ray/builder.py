@@ -31,6 +31,7 @@ from ray_stream_llm.integrations.ray.compat import (
     DetokenizeUDF,
     Processor,
     TokenizeUDF,
+    default_engine_resources,
     ray_builds_with,
     wait_for_initial_actors,
 )
@@ -253,9 +254,6 @@ def _place_engines(
     _update_engine_map_kwargs(processor, on_cpus)
 
 
-RAY_DEFAULT_ENGINE_BUNDLE = {"GPU": 1.0, "CPU": 1.0}  # Ray's vLLM stage, no placement given
-
-
 def _engine_bundle(
     config: StreamingvLLMEngineProcessorConfig,
     updates: dict[str, Any],
@@ -264,9 +262,9 @@ def _engine_bundle(
     """The resources one single-worker engine asks Ray for, as Ray's vLLM stage asks them
     (``vllm_engine_stage``): the placement group's bundle (``placement_group_config``,
     from the updates or the config; its ``bundle_per_worker`` or first bundle); Ray 2.48's
-    ``resources_per_bundle``; the CPUs of an engine placed on CPUs; else Ray's default
-    ``{"GPU": 1, "CPU": 1}`` (the engine actor's ``num_gpus=1`` and Ray Data's default
-    CPU, or the default placement group bundle). An ``accelerator_type`` adds Ray's
+    ``resources_per_bundle``; the CPUs of an engine placed on CPUs; else what Ray's engine
+    actor asks (``compat.default_engine_resources``: ``num_gpus=1``, and Ray Data's
+    default CPU on Ray 2.60). An ``accelerator_type`` adds Ray's
     ``accelerator_type:<type>`` resource, as Ray does. Never empty: a node that lacks
     any of it cannot host an engine, and its stage actors do not pull the weights."""
     bundle: dict[str, float] = {}
@@ -279,7 +277,7 @@ def _engine_bundle(
     elif engine_on_cpu:
         bundle = {"CPU": float(_workers(config))}
     else:
-        bundle = dict(RAY_DEFAULT_ENGINE_BUNDLE)
+        bundle = default_engine_resources()
     if config.accelerator_type:
         bundle[f"accelerator_type:{config.accelerator_type}"] = 0.001
     return {k: float(v) for k, v in bundle.items() if v}

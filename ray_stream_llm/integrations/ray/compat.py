@@ -22,6 +22,9 @@ version tables; the only version test is the supported range itself
   with such a vLLM :mod:`~ray_stream_llm.integrations.ray.engine_stage` builds the same v1
   engine the new way. Ray's tokenizer cache reads ``all_special_tokens_extended``, which
   transformers 5 removed.
+- Ray Data gives a GPU map actor that names no CPUs one CPU from 2.60 on
+  (ray-project/ray#66202), none before: Ray's vLLM engine actor asks ``{"GPU": 1}`` on
+  2.48-2.59 and ``{"GPU": 1, "CPU": 1}`` on 2.60 (:func:`default_engine_resources`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ray.data import DataContext
+from ray.data._internal.execution.operators.map_operator import _canonicalize_ray_remote_args
 from ray.data.llm import vLLMEngineProcessorConfig
 from ray.llm._internal.batch.processor.base import Processor
 from ray.llm._internal.batch.processor.vllm_engine_proc import build_vllm_engine_processor
@@ -176,6 +180,15 @@ def settle_ray_data(timeout: float = 60.0) -> None:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
+def default_engine_resources() -> dict[str, float]:
+    """The resources Ray's vLLM engine actor asks for when no placement is given: its
+    ``num_gpus=1`` and the CPUs Ray Data adds to a GPU map actor that names none (Ray's own
+    rule, asked: one CPU from Ray 2.60 on, none in 2.48-2.59)."""
+    args = _canonicalize_ray_remote_args({"num_gpus": 1})
+    named = {"GPU": args.get("num_gpus"), "CPU": args.get("num_cpus")}
+    return {k: float(v) for k, v in named.items() if v}
+
+
 def actor_alive(actor_id: str) -> bool:
     """Whether the actor ``actor_id`` (hex) is alive, or being made or restarted, as this
     Ray's actor table says; the node agent counts a region's holders by it. The table's own
@@ -274,6 +287,7 @@ __all__ = [
     "TokenizeUDF",
     "build_vllm_engine_processor",
     "check_ray_version",
+    "default_engine_resources",
     "ray_builds_with",
     "ray_stage_shims",
     "settle_ray_data",

@@ -216,13 +216,19 @@ def _mappers(names: set[str]) -> dict[str, list[int]]:
 
 Record = Callable[[dict[int, float], set[str]], None]
 
+# How long an engine's processes are given to exit after its actor did, before they are
+# ended: vLLM's engine core and workers do not end when the actor is killed (they waited on
+# for minutes), and Ray before 2.60 does not end a dead worker's children under its defaults;
+# the bound, everything gone within 20 s of the actor's end, holds on the whole range
+GRACE_S = 5.0
+
 
 def watch(
     pid: int,
     since: float,
     dirs: list[str],
     poll: float = 0.5,
-    grace: float = 60.0,
+    grace: float = GRACE_S,
     *,
     term_wait: float = 10.0,
     log: logging.Logger | logging.LoggerAdapter[Any] = logger,
@@ -259,7 +265,7 @@ def clean_after(
     since: float,
     dirs: list[str],
     poll: float = 0.5,
-    grace: float = 60.0,
+    grace: float = GRACE_S,
     *,
     term_wait: float = 10.0,
     log: logging.Logger | logging.LoggerAdapter[Any] = logger,
