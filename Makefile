@@ -192,8 +192,10 @@ test-slow: setup
 	$(PYTEST) -m slow
 
 # The contract tests in each older tested Ray's environment, on the wheel installed there; on
-# Ray 2.48.0 also the reproduction of ray-project/ray#55574 and the peers' failover on three
-# Ray nodes (the oldest Ray's actors, names and object transfer); on vLLM 0.32 (over Ray 2.60)
+# Ray 2.48.0 also the reproduction of ray-project/ray#55574, the peers' failover on three
+# Ray nodes (the oldest Ray's actors, names and object transfer), which nodes can host an
+# engine (Ray Data's CPU for a GPU actor: 2.60 on) and a killed engine's leftovers gone
+# within 20 s (Ray ends a dead worker's children itself from 2.60 on); on vLLM 0.32 (over Ray 2.60)
 # also the compile cache's vLLM touch points and one streamed job on three Ray nodes
 # (test_checksums.py: the store, a region and a peer; no weight byte on disk)
 # (docs/compatibility.md). The store and fetch tests run on .venv only: the store's packages
@@ -223,6 +225,8 @@ test-compat: setup-compat
 	$(ON_WHEEL) $(CURDIR)/$(COMPAT)2.48.0/bin/python $(RUN_PYTEST) $(CONTRACT) $(SAME_VLLM) \
 	    $(T)/e2e/test_reporters_script.py \
 	    $(T)/integration/test_peers.py::test_a_peer_killed_mid_copy_is_replaced_and_every_region_completes \
+	    $(T)/integration/test_engine_nodes.py \
+	    "$(T)/integration/test_agent.py::test_a_killed_engines_leftovers_are_gone_within_20_s_and_the_agent_then_ends[defaults]" \
 	    --durations=5 $(call JUNIT,ray-2.48.0)
 	$(ON_WHEEL) $(CURDIR)/$(COMPAT)2.54.1/bin/python $(RUN_PYTEST) $(CONTRACT) -m "not compat" \
 	    $(SAME_VLLM) --durations=5 $(call JUNIT,ray-2.54.1)
