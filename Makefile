@@ -169,8 +169,7 @@ MAIN = $(PYTEST) -m "not compat and not slow" --durations=25 --junit-xml=$(DURAT
 # sharing and fault tests together (both use the session's sharded_job, one engine job)
 MAIN_B := tests/e2e/test_sharing.py tests/e2e/test_faults.py tests/e2e/test_resume.py \
 	tests/integration/test_resume_record.py tests/e2e/test_demo.py tests/e2e/test_cli.py \
-	tests/e2e/test_azure.py tests/e2e/test_gcs.py tests/e2e/test_lora.py \
-	tests/integration/test_agent.py
+	tests/e2e/test_azure.py tests/e2e/test_gcs.py tests/e2e/test_lora.py
 
 # the job-submission example ships the wheel to a cluster's environment without the library
 EXAMPLE_CLUSTER := $(WHEEL) $(BARE)/.setup-done
