@@ -10,8 +10,9 @@
 ... )
 >>> processor = build_processor(config, preprocess=..., postprocess=...)  # doctest: +SKIP
 
-The error classes live in :mod:`ray_stream_llm.errors`. Importing this package
-imports neither torch, vLLM nor the Run:ai streamer.
+The error classes live in :mod:`ray_stream_llm.errors`. On Ray 2.60, importing this
+package imports neither torch, vLLM nor the Run:ai streamer; on older Rays
+``ray.data.llm``, which it imports, imports torch (2.48) or torch and vLLM (2.54).
 """
 
 from importlib.metadata import PackageNotFoundError, version
