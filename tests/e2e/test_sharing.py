@@ -33,6 +33,19 @@ pytestmark = [pytest.mark.s3, pytest.mark.e2e, pytest.mark.engine]
 QUESTIONS = SHARDED_QUESTIONS  # the control's (sharded_job)
 
 
+def _two_engines() -> int | list[int]:
+    """A fixed pool of two engines: ``[2, 2]``; an int is Ray Data's autoscaling range 1..n,
+    and a job of a few rows started one. Ray 2.48's ``concurrency`` is an int, a fixed
+    pool."""
+    from ray.data.llm import vLLMEngineProcessorConfig
+
+    return (
+        2
+        if vLLMEngineProcessorConfig.model_fields["concurrency"].annotation == int | None
+        else [2, 2]
+    )
+
+
 @pytest.fixture(scope="module")
 def sharded(s3_server, tiny_models):
     """The tiny Llama in four safetensors files, on a prefix of its own."""
@@ -129,9 +142,8 @@ def test_auto_shares_one_pull_on_the_users_path(
             max_tokens=SHARDED_MAX_TOKENS,
             # the store's default budget (the node's pull of the trickled file reads on)
             object_store=store_through(s3_server, link.endpoint_url),
-            # weight_sharing="auto", the default. A fixed pool of two engines: an int is Ray
-            # Data's autoscaling range 1..n, and a job of a few rows started one
-            config={"concurrency": [2, 2], "weight_checksums": True},
+            # weight_sharing="auto", the default
+            config={"concurrency": _two_engines(), "weight_checksums": True},
             num_cpus=4,
             env={"TMPDIR": None, "VLLM_RPC_BASE_PATH": None},  # as a user who never set them
         )
