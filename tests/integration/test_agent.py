@@ -75,6 +75,15 @@ _ENGINE = textwrap.dedent("""
             assert time.monotonic() < deadline, what
             time.sleep(0.05)
 
+    def left(kid, name, rpc_dir, region):
+        # which of the engine's child, segment, directory and region are still there
+        try:
+            running = psutil.Process(kid).status() != "zombie"
+        except psutil.NoSuchProcess:
+            running = False
+        return {"kid": running, "segment": os.path.exists("/dev/shm/" + name),
+                "rpc_dir": os.path.exists(rpc_dir), "region": os.path.exists(region)}
+
     def cleaned_after_kill(actor, kid, name, rpc_dir, region):
         # SIGKILL the engine actor, as Ray's memory monitor does; the seconds until its
         # child, segment, directory and region were gone (None: not within 20 s)
@@ -82,9 +91,7 @@ _ENGINE = textwrap.dedent("""
         killed = time.monotonic()
 
         def clean():
-            gone = not psutil.pid_exists(kid) or psutil.Process(kid).status() == "zombie"
-            return (gone and not os.path.exists("/dev/shm/" + name)
-                    and not os.path.exists(rpc_dir) and not os.path.exists(region))
+            return not any(left(kid, name, rpc_dir, region).values())
 
         while not clean() and time.monotonic() - killed < 20:
             time.sleep(0.05)
@@ -100,9 +107,7 @@ _ENGINE = textwrap.dedent("""
         refs = os.path.join(region, ".refs")
         marks = {r: open(os.path.join(refs, r)).read()
                  for r in (sorted(os.listdir(refs)) if os.path.isdir(refs) else [])}
-        left = {"kid": psutil.pid_exists(kid), "segment": os.path.exists("/dev/shm/" + name),
-                "rpc_dir": os.path.exists(rpc_dir), "region": os.path.exists(region)}
-        return {"left": left,
+        return {"left": left(kid, name, rpc_dir, region),
                 "marks": marks,
                 "alive": {r: actor_alive(r.removeprefix("actor-")) for r in marks},
                 "agents": {p: psutil.Process(p).ppid() for p in agents()},
