@@ -76,6 +76,11 @@ def main() -> None:
     Credentials are read from the standard AWS environment (AWS_ACCESS_KEY_ID,
     AWS_SECRET_ACCESS_KEY, AWS_PROFILE, instance roles).
     """
+    import os
+
+    # stdout is the commands' result (--json, the answers): vLLM, which logs to stdout by
+    # default (and is imported by ray.data.llm on Ray 2.54), logs to stderr beside Ray
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 
 @main.command()
@@ -189,13 +194,9 @@ def shard(
 
     Example: ray-stream-llm shard s3://models/llama-70b/ --tensor-parallel-size 8 --output s3://models/llama-70b-tp8/
     """
-    import os
-
     from ray_stream_llm.commands.shard import shard_model
     from ray_stream_llm.errors import InvalidSettingError
 
-    # stdout is the result (--json): vLLM's log lines go to stderr, with the progress
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     extra = None
     if engine_kwargs:
         try:

@@ -1,7 +1,8 @@
 """Registration of the config with Ray's ``ProcessorBuilder``, and the builder alias.
 
-Importing :mod:`ray_stream_llm` registers :class:`StreamingvLLMEngineProcessorConfig`,
-so that ``ray.data.llm.build_processor(config, ...)`` builds it with
+Taking :class:`StreamingvLLMEngineProcessorConfig` or :func:`build_llm_processor` from
+:mod:`ray_stream_llm` registers the config (so does :func:`build_llm_processor` itself), so
+that ``ray.data.llm.build_processor(config, ...)`` builds it with
 :func:`ray_stream_llm.integrations.ray.builder.build_streaming_processor` (imported at
 build time only: it imports Ray's stages and torch).
 """
@@ -80,6 +81,7 @@ def build_llm_processor(
     >>> processor = build_llm_processor(config, preprocess=pre, postprocess=post)  # doctest: +SKIP
     >>> ds = processor(ray.data.from_items([{"question": "What is 2+2?"}]))  # doctest: +SKIP
     """
+    register()
     build_processor = getattr(ray.data.llm, "build_processor", None)
     if build_processor is None:  # Ray 2.48-2.52: ray.data.llm.build_llm_processor only
         maps = {

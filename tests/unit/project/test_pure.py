@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -204,7 +205,8 @@ def test_config_same_fields_and_defaults_as_parent():
 def _heavy_after(imports: str) -> set[str]:
     code = (
         f"import sys\n{imports}\n"
-        "heavy = [m for m in ('torch', 'vllm', 'runai_model_streamer', 'transformers') "
+        "heavy = [m for m in ('torch', 'vllm', 'runai_model_streamer', 'transformers', "
+        "'ray.data.llm') "
         "if m in sys.modules]\n"
         "print('heavy:' + ','.join(heavy))\n"
     )
@@ -224,10 +226,43 @@ def test_import_pulls_no_heavy_modules():
     assert ours == _heavy_after("from ray.data.llm import vLLMEngineProcessorConfig")
 
 
-def test_builder_registered_for_ray_build_processor():
-    from ray.llm._internal.batch.processor.base import ProcessorBuilder
+def test_the_package_and_its_console_script_import_no_ray_data_llm():
+    """``import ray_stream_llm`` takes nothing from Ray Data LLM until a name is taken (the
+    console script neither, until a command needs it): on Ray 2.54 ``ray.data.llm`` imports
+    vLLM, which logs to stdout, where ``inspect --json`` prints its result."""
+    assert _heavy_after("import ray_stream_llm, ray_stream_llm.cli") == set()
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("ray-stream-llm")), "inspect", "/no/model", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 1 and proc.stdout == "", (proc.stdout, proc.stderr)
+    assert "InvalidModelURIError" in proc.stderr, proc.stderr
 
-    assert "StreamingvLLMEngineProcessorConfig" in ProcessorBuilder._registry
+
+def test_every_public_name_is_found_where_the_package_says():
+    import ray_stream_llm
+
+    assert sorted(ray_stream_llm.__all__) == sorted(ray_stream_llm._HOMES)
+    for name in ray_stream_llm.__all__:
+        assert getattr(ray_stream_llm, name).__name__ == name
+    with pytest.raises(AttributeError, match="no attribute 'StreamingConfig'"):
+        ray_stream_llm.StreamingConfig  # noqa: B018
+
+
+def test_builder_registered_for_ray_build_processor():
+    """Taking the config from the package registers it with Ray's processor builder."""
+    code = (
+        "from ray.llm._internal.batch.processor.base import ProcessorBuilder as B\n"
+        "import ray_stream_llm\n"
+        "before = 'StreamingvLLMEngineProcessorConfig' in B._registry\n"
+        "ray_stream_llm.StreamingvLLMEngineProcessorConfig\n"
+        "print('registered:', before, 'StreamingvLLMEngineProcessorConfig' in B._registry)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "registered: False True" in out.stdout.splitlines(), out.stdout
 
 
 def test_doctests():
