@@ -39,6 +39,23 @@ def base(tmp_path_factory):
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture
+def spawn(base):
+    """``subprocess.Popen`` for the test's holders: one still running when the test ends (a
+    failure before its own kill or release) is killed before ``base`` is removed, so that
+    it writes nothing there after."""
+    started: list[subprocess.Popen] = []
+
+    def start(*args, **kwargs) -> subprocess.Popen:
+        started.append(subprocess.Popen(*args, **kwargs))
+        return started[-1]
+
+    yield start
+    for proc in started:
+        proc.kill()  # (a process that ended already: nothing is sent)
+        proc.communicate()
+
+
 def _wait_gone(region: Path, timeout: float = 20.0) -> None:
     wait_until(lambda: not region.exists(), timeout, f"{region} is still there", poll=0.2)
 
@@ -116,7 +133,7 @@ def test_one_pull_each_range_once_and_files_equal(s3_server, s3_env, tiny_models
     assert not base.exists() or not any(base.rglob("*"))
 
 
-def test_two_processes_share_one_pull(s3_server, s3_env, tiny_models, base):
+def test_two_processes_share_one_pull(s3_server, s3_env, tiny_models, base, spawn):
     model, uri, objects = _weights(s3_server, tiny_models, "share-two")
     log = AccessLog(s3_server)
     code = textwrap.dedent(f"""
@@ -135,7 +152,7 @@ def test_two_processes_share_one_pull(s3_server, s3_env, tiny_models, base):
         w.release()
     """)
     procs = [
-        subprocess.Popen(
+        spawn(
             [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
         for _ in range(2)
@@ -163,7 +180,9 @@ def _region_printed(proc: subprocess.Popen) -> str:
     raise AssertionError(f"the process printed no region (exit {proc.wait()})")
 
 
-def test_a_killed_holders_region_is_removed_by_its_keeper(s3_server, s3_env, tiny_models, base):
+def test_a_killed_holders_region_is_removed_by_its_keeper(
+    s3_server, s3_env, tiny_models, base, spawn
+):
     """The holder is SIGKILLed: the region's keeper (the node's agent in a Ray job:
     tests/integration/test_agent.py; here this process) removes it."""
     model, uri, objects = _weights(s3_server, tiny_models, "share-killed")
@@ -177,7 +196,7 @@ def test_a_killed_holders_region_is_removed_by_its_keeper(s3_server, s3_env, tin
         print("region", w.acquire(), flush=True)
         import time; time.sleep(600)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    proc = spawn([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     region = Path(_region_printed(proc))
     assert region.exists()
     keeper = threading.Thread(target=lifetime.reap, args=(region,), kwargs={"poll": 0.1})
@@ -188,7 +207,7 @@ def test_a_killed_holders_region_is_removed_by_its_keeper(s3_server, s3_env, tin
     assert not keeper.is_alive() and not region.exists()
 
 
-def test_a_dead_puller_is_taken_over(s3_server, s3_env, tiny_models, base):
+def test_a_dead_puller_is_taken_over(s3_server, s3_env, tiny_models, base, spawn):
     """The puller is killed mid-pull (a slow link): the waiting reader takes the pull over
     and every file completes with the store's bytes."""
     model, uri, objects = _weights(s3_server, tiny_models, "share-takeover")
@@ -204,9 +223,7 @@ def test_a_dead_puller_is_taken_over(s3_server, s3_env, tiny_models, base):
             print("region", w.acquire(), flush=True)
             import time; time.sleep(600)
         """)
-        puller = subprocess.Popen(
-            [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env
-        )
+        puller = spawn([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
         region = Path(_region_printed(puller))
         reader = NodeWeights(uri, objects, Sharing("node", base=str(base)))
         assert reader.acquire() == str(region)
