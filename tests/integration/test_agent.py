@@ -103,7 +103,7 @@ _ENGINE = textwrap.dedent("""
         # agents' parents (a mark's actor is counted by a worker of its raylet) and the
         # tail of the agents' logs
         import glob
-        from ray_stream_llm.integrations.ray.compat import actor_alive
+        from ray_stream_llm.integrations.ray.agent import actor_alive
         refs = os.path.join(region, ".refs")
         marks = {r: open(os.path.join(refs, r)).read()
                  for r in (sorted(os.listdir(refs)) if os.path.isdir(refs) else [])}
@@ -229,7 +229,10 @@ def test_a_killed_agent_is_restarted_and_keeps_what_it_kept(work):
     try:
         out = _drive(work, _AGENT_KILLED, name, {})
         assert out["again"] == {"keeping": [out["region"]], "watching": [out["actor"]]}
-        assert out["clean_s"] is not None, (out["unclean"], list(base.rglob("*")))
+        # (a string: pytest prints it whole, where it shortens a tuple's repr)
+        assert out["clean_s"] is not None, json.dumps(
+            {"unclean": out["unclean"], "base": [str(p) for p in base.rglob("*")]}, indent=1
+        )
         print(
             f"\nrestarted {out['restarted_s']:.1f} s after the SIGKILL of the agent; "
             f"clean {out['clean_s']:.1f} s after the engine's"

@@ -494,13 +494,13 @@ def test_ray_workers_import_the_package_the_driver_imports(small_cluster):
 
 def test_the_actor_table_says_when_a_holder_actor_died(small_cluster):
     """The node agent counts an actor as a region's holder while Ray's actor table has it
-    alive (``compat.actor_alive``, a Ray internal read the same way across the range): an
+    alive (``agent.actor_alive``, a Ray internal read the same way across the range): an
     actor SIGKILLed, as Ray's memory monitor kills, is dead to it; an id Ray never made too."""
     import signal
 
     from helpers.waiting import wait_until
 
-    from ray_stream_llm.integrations.ray.compat import actor_alive
+    from ray_stream_llm.integrations.ray.agent import actor_alive
 
     @ray.remote(num_cpus=0)
     class Holder:

@@ -189,23 +189,6 @@ def default_engine_resources() -> dict[str, float]:
     return {k: float(v) for k, v in named.items() if v}
 
 
-def actor_alive(actor_id: str) -> bool:
-    """Whether the actor ``actor_id`` (hex) is alive, or being made or restarted, as this
-    Ray's actor table says; the node agent counts a region's holders by it. The table's own
-    reader (``ray._private.state.actors``, in Ray 2.48.0-2.60.0): the public state API
-    (``ray.util.state``) needs the dashboard, which many jobs and these tests turn off.
-    Measured here: ``DEAD`` 0.06 s after the actor's worker was SIGKILLed, 1.8 ms a lookup.
-    Where the table cannot be read, alive: the region is kept, never removed under a
-    holder."""
-    from ray._private import state
-
-    try:
-        found = state.actors(actor_id)
-    except Exception:
-        return True
-    return bool(found) and found.get("State") != "DEAD"
-
-
 class _TokenizerProbe:
     """The least a tokenizer has; no ``all_special_tokens_extended`` (as in transformers 5)."""
 

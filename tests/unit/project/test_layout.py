@@ -140,6 +140,36 @@ def test_the_tokenizer_side_stage_actors_never_import_vllm():
     assert "'vllm'" in out  # the probe sees an import when there is one
 
 
+def test_the_node_agent_imports_no_torch_vllm_or_ray_data_llm():
+    """The node agent, a long-lived actor on every node (``num_cpus=0``), imports its module
+    and what its methods import: none loads torch, vLLM or Ray Data LLM. (It counted a
+    region's holders with a reader in ``compat``, which imports Ray's LLM stages and torch:
+    a restarted agent spent over 20 s of a loaded node's CPU on that import before it could
+    count them, and the region outlived its engine.)"""
+    import subprocess
+
+    tree = ast.parse(MODULES["ray_stream_llm.integrations.ray.agent"].read_text())
+    [agent] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "NodeAgent"]
+    used = sorted(
+        {ast.unparse(n) for n in ast.walk(agent) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    )
+    assert "from ray_stream_llm.weights.lifetime import reap" in used  # what it reads
+    heavy = "print(sorted(m for m in ('torch', 'vllm', 'ray.data.llm') if m in sys.modules))"
+
+    def loaded(extra: str) -> str:
+        probe = ["import sys", "import ray_stream_llm.integrations.ray.agent", *used, extra, heavy]
+        return subprocess.run(
+            [sys.executable, "-c", "\n".join(probe)],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+        ).stdout.strip()
+
+    assert loaded("") == "[]"
+    assert "'torch'" in loaded("import ray_stream_llm.integrations.ray.compat")  # it would see
+
+
 def test_the_library_does_not_import_its_tools():
     core = {
         n: g
