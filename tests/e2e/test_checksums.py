@@ -20,7 +20,13 @@ from __future__ import annotations
 import importlib.metadata
 
 import pytest
-from helpers.jobs import SHARDED_MAX_TOKENS, SHARDED_QUESTIONS, reads_under, run_isolated
+from helpers.jobs import (
+    SHARDED_MAX_TOKENS,
+    SHARDED_QUESTIONS,
+    fixed_pool,
+    reads_under,
+    run_isolated,
+)
 from helpers.models import is_weight, tensor_bytes
 from helpers.s3log import copy_model
 
@@ -48,7 +54,7 @@ def test_engines_fed_from_the_store_a_region_and_a_peer_hold_the_same_bytes(
         nodes=[{"num_cpus": 4}, slot, slot],
         runs=[
             {"weight_sharing": "off", "concurrency": 1},
-            {"weight_sharing": "node", "weight_peers": 1, "concurrency": [2, 2]},
+            {"weight_sharing": "node", "weight_peers": 1, "concurrency": fixed_pool(2)},
         ],
     )
     store_run, shared_run = out["runs"]

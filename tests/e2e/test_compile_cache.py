@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers.jobs import run_isolated
+from helpers.jobs import fixed_pool, run_isolated
 
 QUESTIONS = ["hello world", "ray data"]
 
@@ -63,7 +63,7 @@ def test_engines_compile_once_per_node_and_another_node_loads_it_from_the_store(
 
     def on(name: str, engines: int) -> dict:
         return {
-            "concurrency": [engines, engines],  # a fixed pool: all start together
+            "concurrency": fixed_pool(engines),  # all start together
             "placement_group_config": {"bundles": [{"CPU": 1, f"node_{name}": 1}]},
         }
 

@@ -92,7 +92,7 @@ def test_a_job_on_three_nodes_reads_the_store_once_and_survives_a_dead_peer(
     segment is left."""
     import threading
 
-    from helpers.jobs import run_isolated, store_through
+    from helpers.jobs import fixed_pool, run_isolated, store_through
     from helpers.s3log import AccessLog
 
     from ray_stream_llm.weights.region import DEFAULT_BASE
@@ -122,7 +122,7 @@ def test_a_job_on_three_nodes_reads_the_store_once_and_survives_a_dead_peer(
                 max_tokens=4,
                 config={
                     "weight_peers": 1,
-                    "concurrency": [3, 3],
+                    "concurrency": fixed_pool(3),
                     "placement_group_config": {"bundles": [{"CPU": 1, "slot": 1}]},
                 },
                 # the store's settings in the config, through the link

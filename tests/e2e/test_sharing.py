@@ -21,7 +21,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers.jobs import SHARDED_MAX_TOKENS, SHARDED_QUESTIONS, run_isolated, store_through
+from helpers.jobs import (
+    SHARDED_MAX_TOKENS,
+    SHARDED_QUESTIONS,
+    fixed_pool,
+    run_isolated,
+    store_through,
+)
 from helpers.links import TappedLink
 from helpers.s3log import AccessLog, copy_model, prefix_of
 from helpers.waiting import wait_until
@@ -31,19 +37,6 @@ from ray_stream_llm.weights.region import DEFAULT_BASE
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e, pytest.mark.engine]
 QUESTIONS = SHARDED_QUESTIONS  # the control's (sharded_job)
-
-
-def _two_engines() -> int | list[int]:
-    """A fixed pool of two engines: ``[2, 2]``; an int is Ray Data's autoscaling range 1..n,
-    and a job of a few rows started one. Ray 2.48's ``concurrency`` is an int, a fixed
-    pool."""
-    from ray.data.llm import vLLMEngineProcessorConfig
-
-    return (
-        2
-        if vLLMEngineProcessorConfig.model_fields["concurrency"].annotation == int | None
-        else [2, 2]
-    )
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +136,7 @@ def test_auto_shares_one_pull_on_the_users_path(
             # the store's default budget (the node's pull of the trickled file reads on)
             object_store=store_through(s3_server, link.endpoint_url),
             # weight_sharing="auto", the default
-            config={"concurrency": _two_engines(), "weight_checksums": True},
+            config={"concurrency": fixed_pool(2), "weight_checksums": True},
             num_cpus=4,
             env={"TMPDIR": None, "VLLM_RPC_BASE_PATH": None},  # as a user who never set them
         )

@@ -29,6 +29,16 @@ def share_model_records(work: Path, records: Path) -> None:
 COMPILED = Path(".cache", "vllm", "torch_compile_cache")  # under a HOME
 
 
+def fixed_pool(engines: int) -> int | list[int]:
+    """``concurrency`` for a fixed pool of ``engines``, as the installed Ray takes it:
+    ``[n, n]``, since an int is Ray Data's autoscaling range 1..n (a job of a few rows
+    starts one); Ray 2.48's ``concurrency`` is an int, a fixed pool."""
+    from ray.data.llm import vLLMEngineProcessorConfig
+
+    annotation = vLLMEngineProcessorConfig.model_fields["concurrency"].annotation
+    return engines if annotation == int | None else [engines, engines]
+
+
 def share_compiled_code(work: Path, compiled: Path) -> None:
     """``work/home`` (a job's fresh HOME) gets vLLM's compiled code ``compiled`` (conftest's
     ``vllm_compiled``, shared by the session's jobs), as a job on a node where the same

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import os
 import shutil
 import tempfile
@@ -125,14 +126,20 @@ def _comparable(value: Any) -> Any:
     return value
 
 
-def _graph(processor: Any) -> dict[str, Any]:
+def _graph(processor: Any, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The processor's stages, comparable; ``env`` added to each stage's runtime_env."""
+    from ray_stream_llm.integrations.ray.runtime_env import with_defaults
+
     stages = {}
     for name, stage in processor.stages.items():
         ctor = dict(stage.fn_constructor_kwargs)
+        kwargs = dict(stage.map_batches_kwargs)
+        if env:
+            kwargs["runtime_env"] = with_defaults(kwargs.get("runtime_env"), env)
         stages[name] = {
             "fn": next(c for c in stage.fn.__mro__ if c.__module__.startswith("ray.")),
             "ctor": _comparable(ctor),
-            "map_batches_kwargs": _comparable(stage.map_batches_kwargs),
+            "map_batches_kwargs": _comparable(kwargs),
         }
     for attr in ("preprocess_map_kwargs", "postprocess_map_kwargs"):
         stages[attr] = _comparable(getattr(processor, attr, None) or {})
@@ -142,11 +149,15 @@ def _graph(processor: Any) -> dict[str, Any]:
 def _build_both(
     model_dir: str, ours_only: dict | None = None, **fields: Any
 ) -> tuple[dict, dict, Any]:
+    from ray_stream_llm.integrations.ray.compat import stage_env
+
     theirs = build_llm_processor(vLLMEngineProcessorConfig(model_source=model_dir, **fields))
     ours = build_llm_processor(
         StreamingvLLMEngineProcessorConfig(model_source=model_dir, **fields, **(ours_only or {}))
     )
-    return _graph(theirs), _graph(ours), ours
+    # Ray's graph, with the one difference the library makes where Ray's own stage workers
+    # cannot make their event loop (compat.stage_env: none on most Rays)
+    return _graph(theirs, stage_env()), _graph(ours), ours
 
 
 @pytest.fixture(scope="module")
@@ -415,6 +426,55 @@ def test_a_streamed_build_swaps_every_model_stage_and_delivers_the_settings(
         [engine] = [s for s in model_stages if "Engine" in s.fn.__name__]
         assert engine.fn_constructor_kwargs["model"].rstrip("/") == uri.rstrip("/")
         assert engine.fn_constructor_kwargs["engine_kwargs"]["load_format"] == "runai_streamer"
+
+
+@ray.remote(num_cpus=0)
+class _LoopProbe:
+    """What Ray Data's async UDF constructor (the chat template's, the engine's) does first:
+    ask Ray for an event loop, in a worker where Ray installed its event loop policy."""
+
+    def __init__(self) -> None:
+        from ray._common.utils import get_or_create_event_loop
+
+        get_or_create_event_loop()
+
+    def made(self) -> bool:
+        return True
+
+
+def _makes_a_loop(runtime_env: dict[str, Any] | None) -> bool:
+    probe = _LoopProbe.options(runtime_env=runtime_env).remote()
+    try:
+        return ray.get(probe.made.remote(), timeout=120)
+    except ray.exceptions.RayActorError as exc:
+        assert "There is no current event loop" in str(exc), exc
+        return False
+
+
+@pytest.mark.s3
+def test_every_stage_worker_gets_its_event_loop_on_this_ray(
+    small_cluster, s3_server, tiny_models, monkeypatch, tmp_path
+):
+    """In a worker with the runtime_env of each stage this library builds, an async UDF's
+    constructor gets its loop; in a plain worker it does not exactly where the library says
+    its stages need uvloop off (``compat.stage_env``: Ray 2.54.1 with uvloop 0.23.0, where
+    every job's chat template stage died in its constructor)."""
+    from ray_stream_llm.integrations.ray.compat import stage_env
+
+    monkeypatch.setenv("RAY_STREAM_LLM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint_url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.access_key_id)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret_access_key)
+    config = StreamingvLLMEngineProcessorConfig(
+        model_source=tiny_models["single"].uri, engine_kwargs={"load_format": "runai_streamer"}
+    )
+    processor = build_llm_processor(config, preprocess=lambda row: row)
+    envs = {
+        json.dumps(stage.map_batches_kwargs.get("runtime_env"), sort_keys=True)
+        for stage in processor.stages.values()
+    }
+    assert [_makes_a_loop(json.loads(env)) for env in sorted(envs)] == [True] * len(envs), envs
+    assert _makes_a_loop(None) == (stage_env() == {})
 
 
 def test_the_installed_vllm_has_every_requirement_it_asks_for():

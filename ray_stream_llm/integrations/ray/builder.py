@@ -33,11 +33,18 @@ from ray_stream_llm.integrations.ray.compat import (
     TokenizeUDF,
     default_engine_resources,
     ray_builds_with,
+    stage_env,
     wait_for_initial_actors,
 )
 from ray_stream_llm.integrations.ray.engine_stage import vLLMEngineStageUDF
 from ray_stream_llm.integrations.ray.engine_udf import StreamingvLLMEngineStageUDF
-from ray_stream_llm.integrations.ray.runtime_env import deliver_env, scoped_env, store_updates
+from ray_stream_llm.integrations.ray.runtime_env import (
+    deliver_env,
+    job_runtime_env,
+    scoped_env,
+    store_updates,
+    with_defaults,
+)
 from ray_stream_llm.integrations.ray.udfs import (
     PrepareMultimodalUDF,
     SecretEnv,
@@ -417,7 +424,7 @@ def build_streaming_processor(
             processor, _ = _build_ray_graph(config, cluster, updates, **kwargs)
         # The only changes to Ray's UDFs: the secrets delivered, the engine's load reported.
         _swap_udfs(processor, secret_env=secret_env)
-        _deliver_env(processor, settings)
+        _deliver_env(processor, settings, config)
         wait_for_initial_actors(processor, ENGINE_START_WAIT_S)
         processor.config = config
         return processor
@@ -439,17 +446,23 @@ def build_streaming_processor(
         weight_checksums=config.weight_checksums,
     )
     _swap_udfs(processor, secret_env=secret_env, plan=plan, driver_dir=driver_dir)
-    _deliver_env(processor, settings)
+    _deliver_env(processor, settings, config)
     wait_for_initial_actors(processor, ENGINE_START_WAIT_S)
     processor.config = config
     logger.info("Built a streaming processor for %s: stages %s", uri, list(processor.stages))
     return processor
 
 
-def _deliver_env(processor: Processor, settings: StoreSettings) -> None:
-    """The non-secret settings into every stage's own runtime_env."""
+def _deliver_env(
+    processor: Processor, settings: StoreSettings, config: StreamingvLLMEngineProcessorConfig
+) -> None:
+    """The non-secret settings into every stage's own runtime_env, and what this Ray's stage
+    workers need (``compat.stage_env``) where the user did not choose it."""
+    needed = stage_env(config.runtime_env, job_runtime_env())
     for name, stage in list(processor.stages.items()):
         kwargs = deliver_env(stage.map_batches_kwargs, settings, name)
+        if needed:
+            kwargs["runtime_env"] = with_defaults(kwargs.get("runtime_env"), needed)
         processor.stages[name] = stage.model_copy(update={"map_batches_kwargs": kwargs})
 
 

@@ -25,6 +25,10 @@ version tables; the only version test is the supported range itself
 - Ray Data gives a GPU map actor that names no CPUs one CPU from 2.60 on
   (ray-project/ray#66202), none before: Ray's vLLM engine actor asks ``{"GPU": 1}`` on
   2.48-2.59 and ``{"GPU": 1, "CPU": 1}`` on 2.60 (:func:`default_engine_resources`).
+- Ray's workers install uvloop's event loop policy; an async UDF's constructor (the chat
+  template's, the engine's) then asks it for a loop, and uvloop 0.22 on refuses outside a
+  running loop (MagicStack/uvloop#702). Ray 2.60 makes the loop itself; before, the stages
+  this library builds run with uvloop off (:func:`stage_env`).
 """
 
 from __future__ import annotations
@@ -197,6 +201,46 @@ class _TokenizerProbe:
 
     def __len__(self) -> int:
         return 0
+
+
+UVLOOP = "RAY_USE_UVLOOP"  # Ray's own switch of its workers' event loop (on by default)
+
+
+def stage_env(*runtime_envs: dict[str, Any] | None) -> dict[str, str]:
+    """What every stage worker of a processor this library builds needs in its environment
+    on this Ray: ``RAY_USE_UVLOOP=0`` where Ray's workers would install a uvloop that refuses
+    to make a loop and Ray asks it for one (:func:`_ray_asks_the_policy_for_a_loop`): every
+    async stage died in its constructor with "There is no current event loop" (Ray 2.54.1
+    with uvloop 0.23.0, seen here). Nothing where that cannot happen, or where the user
+    chose ``RAY_USE_UVLOOP`` (this process's environment, or one of ``runtime_envs``)."""
+    chosen = UVLOOP in os.environ or any(
+        UVLOOP in ((env or {}).get("env_vars") or {}) for env in runtime_envs
+    )
+    if not chosen and _ray_asks_the_policy_for_a_loop() and _uvloop_refuses():
+        return {UVLOOP: "0"}
+    return {}
+
+
+@functools.cache
+def _ray_asks_the_policy_for_a_loop() -> bool:
+    """Whether Ray's ``get_or_create_event_loop`` (what Ray Data's async UDF constructor
+    calls) takes the event loop policy's answer with no loop of its own to fall back on
+    (Ray 2.48-2.54; 2.60 makes one)."""
+    from ray._common import utils
+
+    return "new_event_loop" not in inspect.getsource(utils.get_or_create_event_loop)
+
+
+@functools.cache
+def _uvloop_refuses() -> bool:
+    """Whether the installed uvloop's policy refuses to make a loop (0.22 on)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major, minor = (int(part) for part in version("uvloop").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return False  # no uvloop: Ray's workers use asyncio's own loop
+    return (major, minor) >= (0, 22)
 
 
 @functools.cache

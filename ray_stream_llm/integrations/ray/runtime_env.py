@@ -126,6 +126,13 @@ def deliver_env(
     return out
 
 
+def with_defaults(runtime_env: Mapping[str, Any] | None, env: Mapping[str, str]) -> dict[str, Any]:
+    """``runtime_env`` with ``env`` among its ``env_vars`` where it sets none of those names."""
+    out = dict(runtime_env or {})
+    out["env_vars"] = {**env, **(out.get("env_vars") or {})}
+    return out
+
+
 @contextlib.contextmanager
 def scoped_env(env: Mapping[str, str]) -> Iterator[None]:
     """Set ``env`` in this process for the duration of the block, then restore it."""
