@@ -49,7 +49,8 @@ def test_engines_fed_from_the_store_a_region_and_a_peer_hold_the_same_bytes(
         max_tokens=SHARDED_MAX_TOKENS,
         config={
             "weight_checksums": True,
-            "placement_group_config": {"bundles": [{"CPU": 1, "slot": 1}]},
+            # GPU 0 said: Ray 2.54's bundle schema counts one in a bundle naming none
+            "placement_group_config": {"bundles": [{"CPU": 1, "GPU": 0, "slot": 1}]},
         },
         nodes=[{"num_cpus": 4}, slot, slot],
         runs=[

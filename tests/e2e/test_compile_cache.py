@@ -64,7 +64,8 @@ def test_engines_compile_once_per_node_and_another_node_loads_it_from_the_store(
     def on(name: str, engines: int) -> dict:
         return {
             "concurrency": fixed_pool(engines),  # all start together
-            "placement_group_config": {"bundles": [{"CPU": 1, f"node_{name}": 1}]},
+            # GPU 0 said: Ray 2.54's bundle schema counts one in a bundle naming none
+            "placement_group_config": {"bundles": [{"CPU": 1, "GPU": 0, f"node_{name}": 1}]},
         }
 
     before = s3_server.served()

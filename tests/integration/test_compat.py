@@ -12,6 +12,7 @@ concurrency, runtime_env).
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 import json
 import os
@@ -475,6 +476,66 @@ def test_every_stage_worker_gets_its_event_loop_on_this_ray(
     }
     assert [_makes_a_loop(json.loads(env)) for env in sorted(envs)] == [True] * len(envs), envs
     assert _makes_a_loop(None) == (stage_env() == {})
+
+
+class _Recorder:
+    """An engine that records what Ray's wrapper asks it for and finishes at once: what the
+    test proves is the request the wrapper makes of this vLLM, not vLLM's answer."""
+
+    def __init__(self) -> None:
+        self.asked: list[dict[str, Any]] = []
+
+    async def generate(self, **kwargs: Any) -> Any:
+        import types
+
+        self.asked.append(kwargs)
+        yield types.SimpleNamespace(finished=True, prompt=None)
+
+
+def test_the_engine_actors_wrapper_makes_prompts_this_vllm_takes():
+    """Ray 2.54's engine wrapper built each prompt from ``vllm.inputs.data``, which vLLM 0.19
+    removed: every request of every job failed ("module 'vllm.inputs' has no attribute
+    'data'", Ray 2.54.1 with vLLM 0.29.0 here). Where that is so, the engine actor runs
+    the library's wrapper, whose request to the engine carries vLLM's own prompt; Ray's
+    own fails the same request (the control)."""
+    import asyncio
+    import importlib.util
+
+    import vllm
+
+    from ray_stream_llm.integrations.ray import engine_stage
+
+    ray_stage = engine_stage._engine_stage
+    asks_data = "vllm.inputs.data." in inspect.getsource(ray_stage.vLLMEngineWrapper)
+    try:
+        vllm_has_data = importlib.util.find_spec("vllm.inputs.data") is not None
+    except ModuleNotFoundError:
+        vllm_has_data = False
+    wrapper = engine_stage._engine_wrapper()
+    if not asks_data or vllm_has_data or engine_stage._needs_v1_wrapper():
+        assert wrapper is not engine_stage._PromptsWrapper, wrapper  # Ray's prompts work here
+        return
+    assert wrapper is engine_stage._PromptsWrapper
+    request = ray_stage.vLLMEngineRequest(
+        request_id=7, idx_in_batch=0, prompt="hi", prompt_token_ids=[1, 2, 3], images=[],
+        multimodal_data=None, mm_processor_kwargs=None, multimodal_uuids=None,
+        params=vllm.SamplingParams(max_tokens=2),
+    )  # fmt: skip
+    for cls, works in ((wrapper, True), (ray_stage.vLLMEngineWrapper, False)):
+        engine = cls.__new__(cls)
+        engine.engine, engine.task_type = _Recorder(), ray_stage.vLLMTaskType.GENERATE
+        if works:
+            output = asyncio.run(engine._generate_async(request))
+            [asked] = engine.engine.asked
+            tokens_prompt, _ = engine_stage._prompt_classes()
+            assert asked["prompt"] == tokens_prompt(
+                prompt_token_ids=[1, 2, 3], multi_modal_data=None, mm_processor_kwargs=None,
+                multi_modal_uuids=None,
+            )  # fmt: skip
+            assert asked["request_id"] == "7" and output.prompt == "hi"
+        else:
+            with pytest.raises(AttributeError, match="has no attribute 'data'"):
+                asyncio.run(engine._generate_async(request))
 
 
 def test_the_installed_vllm_has_every_requirement_it_asks_for():

@@ -6,7 +6,9 @@ actors (:mod:`ray_stream_llm.integrations.ray.compat` has everything else).
 
 Ray 2.48-2.50's engine wrapper calls the vLLM API of its day (``task=``, ``VLLM_USE_V1``,
 ``GuidedDecodingParams``, ``vllm.inputs.data``), which vLLM removed; with such a vLLM
-:func:`engine_stage_shims` builds the same v1 engine the new way.
+:func:`engine_stage_shims` builds the same v1 engine the new way. Later Rays' wrapper (2.54)
+still builds its prompts from ``vllm.inputs.data``, which vLLM 0.19 removed: there the
+prompts are built where vLLM has them now, the rest as Ray does it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,13 +37,86 @@ def _needs_v1_wrapper() -> bool:
     return "task" not in {f.name for f in dataclasses.fields(vllm.AsyncEngineArgs)}
 
 
+@functools.cache
+def _needs_prompt_classes() -> bool:
+    """Ray's wrapper builds its prompts from ``vllm.inputs.data``, which vLLM 0.19 removed
+    (its prompt classes are in ``vllm.inputs.llm`` since)."""
+    import importlib.util
+
+    if "vllm.inputs.data." not in inspect.getsource(_engine_stage.vLLMEngineWrapper):
+        return False
+    try:
+        return importlib.util.find_spec("vllm.inputs.data") is None
+    except ModuleNotFoundError:
+        return True
+
+
+def _engine_wrapper() -> type | None:
+    """The wrapper that replaces Ray's in the engine actor on this Ray and vLLM, if any."""
+    if _needs_v1_wrapper():
+        return _V1EngineWrapper
+    if _needs_prompt_classes():
+        return _PromptsWrapper
+    return None
+
+
 @contextlib.contextmanager
 def engine_stage_shims() -> Iterator[None]:
     """:func:`~ray_stream_llm.integrations.ray.compat.ray_stage_shims`, and Ray's engine wrapper
     replaced where it calls a vLLM API that is gone."""
-    swaps = [(_engine_stage, "vLLMEngineWrapper", _V1EngineWrapper)] if _needs_v1_wrapper() else []
+    wrapper = _engine_wrapper()
+    swaps = [(_engine_stage, "vLLMEngineWrapper", wrapper)] if wrapper else []
     with ray_stage_shims(*swaps):
         yield
+
+
+def _prompt_classes() -> tuple[Any, Any]:
+    """vLLM's ``TokensPrompt`` and ``TextPrompt``: in ``vllm.inputs.llm`` from vLLM 0.19,
+    in ``vllm.inputs`` before."""
+    try:
+        from vllm.inputs.llm import TextPrompt, TokensPrompt
+    except ImportError:
+        from vllm.inputs import TextPrompt, TokensPrompt
+    return TokensPrompt, TextPrompt
+
+
+class _PromptsWrapper(_engine_stage.vLLMEngineWrapper):
+    """Ray 2.54's engine wrapper for vLLM >= 0.19: Ray's own request handling, the prompt
+    built from the classes where this vLLM has them (Ray's ``vllm.inputs.data.TokensPrompt``
+    failed every request: "module 'vllm.inputs' has no attribute 'data'")."""
+
+    async def _generate_async(self, request: Any) -> Any:
+        tokens_prompt, text_prompt = _prompt_classes()
+        data = request.multimodal_data
+        if request.images:
+            data = {**(data or {}), "image": request.images}
+        fields = {
+            "multi_modal_data": data,
+            "mm_processor_kwargs": request.mm_processor_kwargs,
+            "multi_modal_uuids": request.multimodal_uuids,
+        }
+        if request.prompt_token_ids is not None:
+            prompt = tokens_prompt(prompt_token_ids=request.prompt_token_ids, **fields)
+        else:
+            prompt = text_prompt(prompt=request.prompt, **fields)
+        task = _engine_stage.vLLMTaskType
+        pooling = {getattr(task, name, None) for name in ("EMBED", "CLASSIFY", "SCORE")}
+        if self.task_type in pooling:
+            stream = self.engine.encode(
+                request_id=str(request.request_id),
+                prompt=prompt,
+                pooling_params=request.params,
+                truncate_prompt_tokens=request.params.truncate_prompt_tokens,
+            )
+        else:
+            stream = self.engine.generate(
+                request_id=str(request.request_id), prompt=prompt, sampling_params=request.params
+            )
+        async for output in stream:
+            if output.finished:
+                output.prompt = request.prompt if request.prompt is not None else ""
+                return output
+        raise RuntimeError(f"vLLM ended request {request.request_id} before it finished")
 
 
 class _V1EngineWrapper(_engine_stage.vLLMEngineWrapper):
