@@ -190,6 +190,9 @@ TOUCHPOINTS: tuple[TouchPoint, ...] = (
     TouchPoint("vllm.config", "PoolerConfig", _STAGE),
     TouchPoint("vllm.sampling_params", "StructuredOutputsParams", _STAGE),
     TouchPoint("vllm.inputs", "TextPrompt", _STAGE),
+    # Ray 2.51-2.54's wrapper with vLLM >= 0.19: the prompt classes where vLLM has them now
+    TouchPoint("vllm.inputs.llm", "TokensPrompt", _STAGE),
+    TouchPoint("vllm.inputs.llm", "TextPrompt", _STAGE),
     # a streamed engine's LoRA request for an adapter it fetched itself (engine_udf)
     TouchPoint("vllm.lora.request", "LoRARequest", "integrations/ray/engine_udf.py"),
 )
