@@ -496,8 +496,9 @@ def test_the_engine_actors_wrapper_makes_prompts_this_vllm_takes():
     """Ray 2.54's engine wrapper built each prompt from ``vllm.inputs.data``, which vLLM 0.19
     removed: every request of every job failed ("module 'vllm.inputs' has no attribute
     'data'", Ray 2.54.1 with vLLM 0.29.0 here). Where that is so, the engine actor runs
-    the library's wrapper, whose request to the engine carries vLLM's own prompt; Ray's
-    own fails the same request (the control)."""
+    the library's wrapper, whose request to the engine carries vLLM's own prompt and the
+    row's LoRA adapter (which Ray 2.54's dropped); Ray's own fails the same request (the
+    control)."""
     import asyncio
     import importlib.util
 
@@ -519,7 +520,7 @@ def test_the_engine_actors_wrapper_makes_prompts_this_vllm_takes():
     request = ray_stage.vLLMEngineRequest(
         request_id=7, idx_in_batch=0, prompt="hi", prompt_token_ids=[1, 2, 3], images=[],
         multimodal_data=None, mm_processor_kwargs=None, multimodal_uuids=None,
-        params=vllm.SamplingParams(max_tokens=2),
+        params=vllm.SamplingParams(max_tokens=2), lora_request="the row's adapter",
     )  # fmt: skip
     for cls, works in ((wrapper, True), (ray_stage.vLLMEngineWrapper, False)):
         engine = cls.__new__(cls)
@@ -533,6 +534,7 @@ def test_the_engine_actors_wrapper_makes_prompts_this_vllm_takes():
                 multi_modal_uuids=None,
             )  # fmt: skip
             assert asked["request_id"] == "7" and output.prompt == "hi"
+            assert asked["lora_request"] == "the row's adapter"  # Ray 2.54's own dropped it
         else:
             with pytest.raises(AttributeError, match="has no attribute 'data'"):
                 asyncio.run(engine._generate_async(request))

@@ -83,7 +83,9 @@ def _prompt_classes() -> tuple[Any, Any]:
 class _PromptsWrapper(_engine_stage.vLLMEngineWrapper):
     """Ray 2.54's engine wrapper for vLLM >= 0.19: Ray's own request handling, the prompt
     built from the classes where this vLLM has them (Ray's ``vllm.inputs.data.TokensPrompt``
-    failed every request: "module 'vllm.inputs' has no attribute 'data'")."""
+    failed every request: "module 'vllm.inputs' has no attribute 'data'"), and the row's
+    LoRA adapter passed on (Ray 2.54's made the request's ``lora_request`` and dropped it:
+    an adapter's rows were answered by the base model)."""
 
     async def _generate_async(self, request: Any) -> Any:
         tokens_prompt, text_prompt = _prompt_classes()
@@ -110,7 +112,10 @@ class _PromptsWrapper(_engine_stage.vLLMEngineWrapper):
             )
         else:
             stream = self.engine.generate(
-                request_id=str(request.request_id), prompt=prompt, sampling_params=request.params
+                request_id=str(request.request_id),
+                prompt=prompt,
+                sampling_params=request.params,
+                lora_request=request.lora_request,  # Ray 2.54's own dropped it
             )
         async for output in stream:
             if output.finished:
