@@ -198,10 +198,9 @@ class _V1EngineWrapper(_engine_stage.vLLMEngineWrapper):
         return request
 
     async def generate_async_v1(self, request: Any) -> Any:
-        from vllm.inputs import TextPrompt
-
+        _, text_prompt = _prompt_classes()
         data = {"image": request.images} if request.images else None
-        prompt = TextPrompt(prompt=request.prompt, multi_modal_data=data)
+        prompt = text_prompt(prompt=request.prompt, multi_modal_data=data)
         if self.task_type == _engine_stage.vLLMTaskType.EMBED:
             stream = self.engine.encode(prompt, request.params, str(request.request_id))
         else:
