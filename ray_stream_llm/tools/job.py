@@ -61,6 +61,12 @@ class JobResult:
     load_reports: list[Any] = dataclasses.field(default_factory=list)  # one LoadReport per engine
 
 
+def _prompt(question: str, chat: bool) -> dict[str, Any]:
+    """A row's prompt: the question as the user's chat message, or, in a job without Ray's
+    chat-template stage (``chat_template_stage=False``), the question as the prompt itself."""
+    return {"messages": [{"role": "user", "content": question}]} if chat else {"prompt": question}
+
+
 def run_job(
     model_uri: str,
     questions: Sequence[str],
@@ -109,10 +115,11 @@ def run_job(
         object_store=object_store,
         **{"concurrency": 1, **(config_kwargs or {})},
     )
+    chat = (config_kwargs or {}).get("chat_template_stage", True) is not False
     processor = build_llm_processor(
         config,
         preprocess=lambda row: dict(
-            messages=[{"role": "user", "content": row["question"]}],
+            **_prompt(row["question"], chat),
             sampling_params=dict(temperature=0.0, max_tokens=max_tokens, **(sampling or {})),
         ),
         postprocess=lambda row: dict(

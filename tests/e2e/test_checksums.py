@@ -3,7 +3,8 @@
 (``ray.cluster_utils``), the tiny sharded Llama, greedy. Run 1: one engine streaming the
 store itself (``weight_sharing="off"``). Run 2: one engine per node, each reading its
 node's copy, one copy pulled from the store and the other filled from that node's over Ray
-(``weight_peers=1``). Every engine's digest over its parameters is the same.
+(``weight_peers=1``). Every engine's digest over its parameters is the same. Both runs are
+the engine's alone (``helpers.jobs.ENGINE_ONLY``: no Ray CPU stage, the question the prompt).
 
 On vLLM 0.32 the digests are vLLM's own (``compute_tensor_digests``, what its
 ``compute_weight_checksums()`` returns): the contract test (make test-compat). On vLLM 0.29,
@@ -21,6 +22,7 @@ import importlib.metadata
 
 import pytest
 from helpers.jobs import (
+    ENGINE_ONLY,
     SHARDED_MAX_TOKENS,
     SHARDED_QUESTIONS,
     fixed_pool,
@@ -37,7 +39,7 @@ def test_engines_fed_from_the_store_a_region_and_a_peer_hold_the_same_bytes(
     s3_server, tiny_models, work
 ):
     model = copy_model(s3_server, tiny_models["sharded"], "checksums")
-    # a head for the CPU stages, two engine nodes of one slot each
+    # a head, two engine nodes of one slot each
     slot = {"num_cpus": 4, "resources": {"slot": 1}}
     before = s3_server.served()
     out, written, seconds = run_isolated(
@@ -51,6 +53,7 @@ def test_engines_fed_from_the_store_a_region_and_a_peer_hold_the_same_bytes(
             "weight_checksums": True,
             # GPU 0 said: Ray 2.54's bundle schema counts one in a bundle naming none
             "placement_group_config": {"bundles": [{"CPU": 1, "GPU": 0, "slot": 1}]},
+            **ENGINE_ONLY,
         },
         nodes=[{"num_cpus": 4}, slot, slot],
         runs=[

@@ -1,23 +1,18 @@
-"""The console script's engine jobs, as a user types them, against the real S3 server:
-``run`` on a Parquet file with its progress shown (of a mirror of a Hub repository: only
-its safetensors streamed, nothing of it written to disk), and ``bench`` (make
-test-slow). The commands that start no engine: tests/integration/test_cli.py."""
+"""The console script's ``bench`` end to end, as a user types it, against the real S3 server
+(make test-slow). ``run`` with an engine: tests/e2e/test_resume.py (a Parquet file, killed
+and resumed, its progress shown); the commands that start no engine:
+tests/integration/test_cli.py."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 from helpers.cli import run_cli
-from helpers.janitors import segments_left
-from helpers.jobs import reads_under, weights_on_local_disk
-from helpers.models import is_weight
 
 pytestmark = [pytest.mark.s3]
 
@@ -90,58 +85,3 @@ def test_bench_prints_the_table_and_writes_perf_metrics():
         assert run["throughput"]["bytes"] == model_bytes and run["throughput"]["ratio"] > 0
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-@pytest.mark.e2e
-@pytest.mark.engine
-def test_run_answers_a_parquet_file_with_its_progress_shown(s3_server, tiny_models, work):
-    """`run --verbose` on a Parquet file, the one engine job of this file: every row of the
-    file comes out in answers.parquet with its columns, and the progress is shown: the
-    command's own bar (rows), Ray Data's (shown only with --verbose) and Ray's log lines.
-    Quiet, its default, shows neither of Ray's: tests/e2e/test_readme.py. The model is a
-    mirror of a Hub repository (the tiny model's safetensors beside its .bin, .pth, .gguf
-    and more): the store served its safetensors alone, no weight file of any format was
-    written to local disk, and the job's metadata directory holds exactly the model's
-    metadata files."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from ray_stream_llm.tools.isolated import isolated_env
-
-    path = work / "questions.parquet"
-    pq.write_table(
-        pa.table({"id": [7, 8, 9], "question": ["What is 2+2?", "Say hi.", "Name a color."]}),
-        path,
-    )
-    expected = sorted((r["id"], r["question"]) for r in pq.read_table(path).to_pylist())
-    model = tiny_models["hub-mirror"]
-    since, before = time.time(), s3_server.served()
-    args = ["run", model.uri, str(path), "--column", "question", "--verbose"]
-    proc = run_cli(
-        [*args, "--output", str(work / "out"), "--max-tokens", "4"],
-        {**isolated_env(work), **s3_server.env()},
-        timeout=600,
-        cwd=work,
-    )
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-4000:]
-    table = pq.read_table(work / "out" / "answers.parquet").to_pylist()
-    assert sorted((r["id"], r["question"]) for r in table) == expected
-    tokens = sum(r["num_generated_tokens"] for r in table)
-    assert f"rows: 3/3  generated tokens: {tokens}" in proc.stdout, proc.stdout
-    bar = proc.stderr.replace("\r", "\n")
-    assert re.search(r"Answering: 100%.*\b3/3\b", bar), bar[-3000:]
-    assert "Running Dataset:" in output, output[-3000:]  # Ray Data's progress
-    assert "Started a local Ray instance" in output, output[-3000:]
-    assert segments_left(since) == []  # the engine's shared memory was released
-    # the mirror: its safetensors streamed, no weight file of any format on local disk, and
-    # the metadata the engine read beside them fetched whole
-    reads = reads_under(s3_server, model.uri, before)
-    weight_reads = {u.removeprefix(model.uri) for u in reads if is_weight(u.rsplit("/", 1)[1])}
-    assert weight_reads == {"model.safetensors"}, weight_reads
-    written = weights_on_local_disk(work, since)
-    assert written == {}, written
-    [metadata] = [p for p in (work / "home/.cache/ray_stream_llm/models").iterdir() if p.is_dir()]
-    got = {str(p.relative_to(metadata)) for p in metadata.rglob("*") if p.is_file()}
-    assert got - {".ray_stream_llm.json"} == set(model.metadata), got
-    print(f"\nrun --verbose, Parquet: 3/3 rows, {tokens} tokens, {len(output.splitlines())} lines")

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers.jobs import fixed_pool, run_isolated
+from helpers.jobs import ENGINE_ONLY, fixed_pool, run_isolated
 
 QUESTIONS = ["hello world", "ray data"]
 
@@ -32,8 +32,9 @@ def test_engines_compile_once_per_node_and_another_node_loads_it_from_the_store(
     and loads it. Node C is on node A's host (its disk, vLLM's cache directory included)
     but its raylet has ``ATEN_CPU_CAPABILITY=avx2``, as an older CPU would (issue 32): its
     engine loads neither node A's artifact from the shared directory nor the store's, says
-    why, compiles AVX2 code and ships it under its own target. (The same node's second start
-    loading vLLM's local cache is tests/e2e/test_readme.py's own-model job.)"""
+    why, compiles AVX2 code and ships it under its own target. Each run is the engine's
+    alone (``helpers.jobs.ENGINE_ONLY``). (The same node's second start loading vLLM's
+    local cache is tests/e2e/test_readme.py's own-model job.)"""
     model = tiny_models["single"]
     cache_uri = f"s3://models/compile-cache/{uuid.uuid4().hex[:8]}/"
     disks = {name: work / f"node-{name}" for name in ("a", "b")}
@@ -78,11 +79,11 @@ def test_engines_compile_once_per_node_and_another_node_loads_it_from_the_store(
         QUESTIONS,
         max_tokens=4,
         engine_kwargs={"enforce_eager": False},  # vLLM's default: compile
-        config={"weight_sharing": "off", "compile_cache_uri": cache_uri},
+        config={"weight_sharing": "off", "compile_cache_uri": cache_uri, **ENGINE_ONLY},
         # every engine is ready before the rows flow, so that each reports: the product's
         # default (the rows wait for the engines a job starts with)
         nodes=[
-            node("a", 6, 2, "a"),  # room for the CPU stages too
+            node("a", 4, 2, "a"),
             node("b", 4, 1, "b"),
             node("c", 4, 1, "a", {"ATEN_CPU_CAPABILITY": older}),
         ],

@@ -10,7 +10,13 @@ from __future__ import annotations
 import time
 
 import pytest
-from helpers.jobs import SHARDED_MAX_TOKENS, SHARDED_QUESTIONS, run_isolated, store_through
+from helpers.jobs import (
+    ENGINE_ONLY,
+    SHARDED_MAX_TOKENS,
+    SHARDED_QUESTIONS,
+    run_isolated,
+    store_through,
+)
 from helpers.links import TappedLink
 from helpers.models import UploadedModel
 
@@ -124,7 +130,12 @@ def test_store_stays_away_fails_with_the_cause(s3_server, tiny_models, work):
             QUESTIONS,
             max_tokens=16,
             object_store=store_through(s3_server, proxy.endpoint_url),
-            config={"load_retries": 1, "load_retry_backoff_s": 1.0, "weight_sharing": "off"},
+            config={
+                "load_retries": 1,
+                "load_retry_backoff_s": 1.0,
+                "weight_sharing": "off",
+                **ENGINE_ONLY,
+            },
             expect_failure=True,
         )
         _assert_cut_inside_the_weights(proxy, model, weights)
@@ -255,7 +266,7 @@ def test_engine_failing_for_another_reason_is_not_retried_and_names_the_cause(
         QUESTIONS[:1],
         max_tokens=4,
         engine_kwargs={"gpu_memory_utilization": 0.99},
-        config={"load_retries": 2, "load_retry_backoff_s": 30.0},
+        config={"load_retries": 2, "load_retry_backoff_s": 30.0, **ENGINE_ONLY},
         expect_failure=True,
     )
     error = out["error"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -32,8 +33,16 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers.jobs import share_compiled_code, share_model_records, wait_regions_released
+from helpers.janitors import segments_left
+from helpers.jobs import (
+    reads_under,
+    share_compiled_code,
+    share_model_records,
+    wait_regions_released,
+    weights_on_local_disk,
+)
 from helpers.links import TappedLink
+from helpers.models import is_weight
 from helpers.paths import HELPERS
 from helpers.s3log import BUCKET, AccessLog, prefix_of
 from helpers.waiting import wait_until
@@ -273,29 +282,36 @@ def test_a_killed_job_resumes_warm_on_two_cpus_and_writes_every_id_once(
 def test_run_resume_answers_only_what_a_killed_run_left(
     s3_server, tiny_models, work, vllm_modelinfos, vllm_compiled
 ):
-    """``ray-stream-llm run --resume s3://...``, on an input without an ``id`` column (rows
-    keyed by their position): killed while it records its second batch (the store behind a
-    link that lets the record's first PUT through and holds the next, so that the kill
-    falls between two records whatever the machine's load: all the answers can come out
-    at once), the same command again answers only the rows not recorded, and
-    answers.parquet holds each row once."""
+    """``ray-stream-llm run --resume s3://...``, on a Parquet file without an ``id`` column
+    (rows keyed by their position): killed while it records its second batch (the store
+    behind a link that lets the record's first PUT through and holds the next, so that the
+    kill falls between two records whatever the machine's load: all the answers can come
+    out at once), the same command again (``--verbose``) answers only the rows not recorded,
+    and answers.parquet holds each row once. The re-run shows its progress: the command's
+    own bar, Ray Data's (shown only with --verbose) and Ray's log lines; quiet, its default,
+    shows neither of Ray's (tests/e2e/test_readme.py). The model is a mirror of a Hub
+    repository (the tiny model's safetensors beside its .bin, .pth, .gguf and more): the
+    store served its safetensors alone to both runs, no weight file of any format was
+    written to local disk, and the job's metadata directory holds exactly the model's
+    metadata files."""
     questions = [f"What is {i} plus {i}?" for i in range(12)]
-    (work / "q.jsonl").write_text("".join(json.dumps({"question": q}) + "\n" for q in questions))
+    pq.write_table(pa.table({"question": questions}), work / "q.parquet")
+    model = tiny_models["hub-mirror"]
     prefix = f"record-{uuid.uuid4().hex[:8]}"
     record = f"s3://{BUCKET}/{prefix}/"
     argv = [
-        str(Path(sys.executable).with_name("ray-stream-llm")), "run", tiny_models["single"].uri,
-        str(work / "q.jsonl"), "--column", "question", "--output", str(work / "out"),
+        str(Path(sys.executable).with_name("ray-stream-llm")), "run", model.uri,
+        str(work / "q.parquet"), "--column", "question", "--output", str(work / "out"),
         "--resume", record, "--batch-size", "2", "--max-tokens", "4",
     ]  # fmt: skip
 
-    def start(run: str, env: dict[str, str]) -> subprocess.Popen:
+    def start(run: str, env: dict[str, str], *more: str) -> subprocess.Popen:
         (work / run).mkdir()
         share_model_records(work / run, vllm_modelinfos)
         share_compiled_code(work / run, vllm_compiled)  # compiled once, not once per run
         log = open(work / run / "job.log", "w")  # noqa: SIM115 (closed with the process)
         return subprocess.Popen(
-            argv,
+            [*argv, *more],
             env=isolated_env(work / run, env),
             cwd=work / run,
             stdout=log,
@@ -314,7 +330,7 @@ def test_run_resume_answers_only_what_a_killed_run_left(
             if o["Key"].endswith(".parquet")
         ]
 
-    start_s = time.time()
+    start_s, before = time.time(), s3_server.served()
     with TappedLink(s3_server.port) as link:
         link.hold(rf"^PUT /{BUCKET}/{prefix}/", after=1)
         first = start("first", link.store_env(s3_server.env()))
@@ -337,7 +353,7 @@ def test_run_resume_answers_only_what_a_killed_run_left(
     recorded = sum(t.num_rows for t in tables)
     puts = [r for r in link.requests if r.startswith("PUT ")]
     assert len(tables) == 1 and 0 < recorded < len(questions), (len(tables), recorded, puts)
-    second = start("second", s3_server.env())
+    second = start("second", s3_server.env(), "--verbose")
     finish(second, work / "second", 600)
     log = (work / "second" / "job.log").read_text()
     assert f"resumed: {recorded} row(s) recorded in {record} before this run, " in log, log
@@ -347,4 +363,20 @@ def test_run_resume_answers_only_what_a_killed_run_left(
     assert all(a["generated_text"] for a in answers)
     positions = [r for t in recorded_tables() for r in t["__row"].to_pylist()]
     assert sorted(positions) == list(range(len(questions)))  # recorded once each, both runs
+    # the re-run's progress, shown: the command's bar, Ray Data's and Ray's own lines
+    tokens = sum(a["num_generated_tokens"] for a in answers)
+    assert f"rows: {len(questions)}/{len(questions)}  generated tokens: {tokens}" in log, log
+    assert re.search(r"Answering: 100%", log.replace("\r", "\n")), log[-3000:]
+    assert "Running Dataset:" in log and "Started a local Ray instance" in log, log[-3000:]
+    assert segments_left(start_s) == []  # the engines' shared memory was released
+    # the mirror: its safetensors streamed, no weight file of any format on local disk, and
+    # the metadata the engine read beside them fetched whole
+    reads = reads_under(s3_server, model.uri, before)
+    weight_reads = {u.removeprefix(model.uri) for u in reads if is_weight(u.rsplit("/", 1)[1])}
+    assert weight_reads == {"model.safetensors"}, weight_reads
+    assert weights_on_local_disk(work, start_s) == {}
+    home = work / "second" / "home" / ".cache" / "ray_stream_llm" / "models"
+    [metadata] = [p for p in home.iterdir() if p.is_dir()]
+    got = {str(p.relative_to(metadata)) for p in metadata.rglob("*") if p.is_file()}
+    assert got - {".ray_stream_llm.json"} == set(model.metadata), got
     print(f"run --resume: {recorded} rows recorded before the kill, the rest after")

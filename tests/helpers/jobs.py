@@ -28,6 +28,14 @@ def share_model_records(work: Path, records: Path) -> None:
 
 COMPILED = Path(".cache", "vllm", "torch_compile_cache")  # under a HOME
 
+# A job of the engine alone: Ray's CPU stages off (chat template, tokenize, detokenize), the
+# question the engine's prompt as typed (tools/job.py). For the jobs whose proof is the
+# engine's (its compile, a start that fails, the bytes it holds): each stage is an actor of
+# its own (about 4 s of CPU here: Ray's stage modules import torch and transformers), and Ray
+# Data starts them one after another around the engine's. The stages' part (the metadata
+# fetched in them, the node's pull started there) is the other jobs' proof.
+ENGINE_ONLY = {"chat_template_stage": False, "tokenize_stage": False, "detokenize_stage": False}
+
 
 def fixed_pool(engines: int) -> int | list[int]:
     """``concurrency`` for a fixed pool of ``engines``, as the installed Ray takes it:
