@@ -194,8 +194,9 @@ test-slow: setup
 # The contract tests in each older tested Ray's environment, on the wheel installed there; on
 # Ray 2.48.0 also the reproduction of ray-project/ray#55574, the peers' failover on three
 # Ray nodes (the oldest Ray's actors, names and object transfer), which nodes can host an
-# engine (Ray Data's CPU for a GPU actor: 2.60 on) and a killed engine's leftovers gone
-# within 20 s (Ray ends a dead worker's children itself from 2.60 on); on Ray 2.54.1 also one
+# engine (Ray Data's CPU for a GPU actor: 2.60 on), a killed engine's leftovers gone
+# within 20 s (Ray ends a dead worker's children itself from 2.60 on) and the node agent's
+# pull with an asking actor's store settings (passed by value); on Ray 2.54.1 also one
 # job end to end (two TP ranks reading the node's one pull: no job had run there, and every
 # job failed, in its stages' event loop and its engine's prompts); on vLLM 0.32 (over Ray 2.60)
 # also the compile cache's vLLM touch points and one streamed job on three Ray nodes
@@ -229,6 +230,7 @@ test-compat: setup-compat
 	    $(T)/integration/test_peers.py::test_a_peer_killed_mid_copy_is_replaced_and_every_region_completes \
 	    $(T)/integration/test_engine_nodes.py \
 	    "$(T)/integration/test_agent.py::test_a_killed_engines_leftovers_are_gone_within_20_s_and_the_agent_then_ends[defaults]" \
+	    $(T)/integration/test_agent.py::test_the_agent_pulls_with_the_asking_actors_settings_and_outlives_it \
 	    --durations=5 $(call JUNIT,ray-2.48.0)
 	$(ON_WHEEL) $(CURDIR)/$(COMPAT)2.54.1/bin/python $(RUN_PYTEST) $(CONTRACT) -m "not compat" \
 	    $(T)/e2e/test_sharing.py::test_tensor_parallel_ranks_read_the_nodes_one_pull \

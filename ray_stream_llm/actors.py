@@ -4,6 +4,7 @@ namespace, detached, asking for no CPU; the one of that name if it runs."""
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 NAMESPACE = "ray_stream_llm"
@@ -37,3 +38,17 @@ def _actor_class(cls: type) -> Any:
     import ray
 
     return ray.remote(cls)
+
+
+def actor_logging() -> None:
+    """In the actors this library creates (its stage actors, its node agents; never in the
+    user's own processes), show its INFO lines (fetch, pull and load figures) in the worker
+    log and the driver, as Ray's own libraries do, unless logging was configured there
+    already."""
+    package = logging.getLogger("ray_stream_llm")
+    if package.level == logging.NOTSET:
+        package.setLevel(logging.INFO)
+    if not package.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        package.addHandler(handler)

@@ -75,13 +75,14 @@ def list_model(
     deadline: StoreDeadline | None = None,
     *,
     connections: int = 10,
+    client: Client | None = None,
 ) -> tuple[Client, list[ObjectInfo]]:
     """A client for ``uri``'s store (``connections``: how many calls it may have open at
-    once) and every object of the model directory; a typed error when the backend is
-    missing, the prefix holds nothing or the deadline passes."""
+    once; ``client``: one made already) and every object of the model directory; a typed
+    error when the backend is missing, the prefix holds nothing or the deadline passes."""
     deadline = deadline or StoreDeadline(store.timeout_s if store is not None else None)
     impl = backend(uri.scheme)
-    client = impl.make_client(store, deadline, max_pool_connections=connections)
+    client = client or impl.make_client(store, deadline, max_pool_connections=connections)
     listing = deadline.call(f"listing {str(uri)!r}", lambda: list(impl.list_objects(client, uri)))
     if not listing:
         raise ModelNotFoundError(

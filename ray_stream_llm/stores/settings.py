@@ -11,10 +11,12 @@ its GCS and Azure variables; vLLM checks ``model_loader_extra_config``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import ipaddress
 import os
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -196,6 +198,46 @@ def s3_addressing_style(endpoint: str | None, style: str = "auto") -> str | None
 def setting(env: Mapping[str, str], name: str) -> str | None:
     """A derived setting, else the process environment's value, else None."""
     return env.get(name) or os.environ.get(name) or None
+
+
+# The variables a store client reads (the backends' derive_env, the streamer's, the budget)
+STORE_VARIABLES = (
+    "AWS_",
+    "AZURE_",
+    "GOOGLE_",
+    "RUNAI_STREAMER_",
+    "STORAGE_EMULATOR_HOST",
+    "CLOUD_STORAGE_EMULATOR_ENDPOINT",
+    "REQUESTS_CA_BUNDLE",
+    TIMEOUT_ENV,
+)
+_APPLIED = threading.Lock()
+
+
+def store_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The store's variables of ``environ`` (this process's environment by default): what
+    a process that reads the store for another passes it, by value (secrets included:
+    never logged, never written)."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items() if k.startswith(STORE_VARIABLES)}
+
+
+@contextlib.contextmanager
+def applied(env: Mapping[str, str]) -> Iterator[None]:
+    """Within the block, this process's store variables are ``env``'s and no others (one
+    block at a time in the process): for making a client on another process's behalf (the
+    node agent's pull), the clients read them as they are made. Restored after."""
+    with _APPLIED:
+        saved = store_env()
+        for name in saved:
+            del os.environ[name]
+        os.environ.update(store_env(env))
+        try:
+            yield
+        finally:
+            for name in store_env():
+                del os.environ[name]
+            os.environ.update(saved)
 
 
 def is_local_or_ip(host: str) -> bool:

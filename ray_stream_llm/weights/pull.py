@@ -1,7 +1,9 @@
 """The node's one pull of the weights into its region, and how its waiters learn its end.
 
-The first stage actor or engine of a node that finds files missing takes ``.pull.lock``
-(:func:`start_pull`) and reads each object from the store (or from a peer node's region:
+In a Ray job the node's agent pulls (:func:`pull_with`, asked by the node's stage actors
+and engines with their store settings by value: ``integrations/ray/agent.py``); elsewhere
+the process that finds files missing does (:func:`start_pull`). The puller takes
+``.pull.lock`` and reads each object from the store (or from a peer node's region:
 :mod:`ray_stream_llm.weights.peers`) with parallel ranged GETs, file by file, writing the
 ranges into ``.partial/<name>``; once every byte is in and its size (and MD5, where the ETag
 is one) checked, the file is renamed to ``<name>``, so no reader ever sees a file under its
@@ -25,7 +27,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -91,18 +93,43 @@ def pull_free(region: Path) -> bool:
 def start_pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...]) -> bool:
     """Pull what is missing in a background thread, unless all is there or someone is
     pulling; True when this process pulls."""
-    if all(done(region, o.path) for o in objects):
-        _serve_peers(region)
-        return False
-    held = try_locked(region / ".pull.lock")
+    held = _lock_for_pull(region, objects)
     if held is None:
         return False
-    (region / FAILED).unlink(missing_ok=True)  # a new attempt
     thread = threading.Thread(
         target=_pull, args=(region, uri, objects, held), daemon=True, name="rsl-node-pull"
     )
     thread.start()
     return True
+
+
+def pull_with(region: Path, env: Mapping[str, str]) -> bool:
+    """In the node's agent: pull what is missing of ``region`` in this thread, pinned to the
+    objects its marker names, unless all is there or someone is pulling; the store's
+    clients made under ``env``, the store variables of the actor that asked
+    (``stores.settings.applied``). True when this call pulled."""
+    try:
+        uri, objects = parse_model_uri(marker(region)["uri"]), objects_of(region)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # removed meanwhile, or not a region
+    held = _lock_for_pull(region, objects)
+    if held is None:
+        return False
+    _pull(region, uri, objects, held, env)
+    return True
+
+
+def _lock_for_pull(region: Path, objects: tuple[ObjectInfo, ...]) -> HeldLock | None:
+    """The region's pull lock, taken for a new attempt (its failure mark cleared), unless
+    every file is whole (then the region serves the nodes that join later) or another
+    thread or process pulls."""
+    if all(done(region, o.path) for o in objects):
+        _serve_peers(region)
+        return None
+    held = try_locked(region / ".pull.lock")
+    if held is not None:
+        (region / FAILED).unlink(missing_ok=True)  # a new attempt
+    return held
 
 
 def _serve_peers(region: Path) -> None:
@@ -222,8 +249,15 @@ def _pull_file(
     return written - have
 
 
-def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock: HeldLock) -> None:
+def _pull(
+    region: Path,
+    uri: ModelURI,
+    objects: tuple[ObjectInfo, ...],
+    lock: HeldLock,
+    env: Mapping[str, str] | None = None,
+) -> None:
     from ray_stream_llm import stores
+    from ray_stream_llm.stores.settings import applied
 
     started = time.time()
     pulled = 0
@@ -243,7 +277,13 @@ def _pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...], lock: He
         deadline = StoreDeadline(  # a store down between ranges is waited out, then resumed
             pull_timeout(sum(o.size for o in objects), budget(region)), wait_out_outages=True
         )
-        client, listing = stores.list_model(uri, None, deadline, connections=WORKERS)
+        client = None
+        if env is not None:  # the asking actor's store settings, while the client is made
+            with applied(env):
+                client = stores.backend(uri.scheme).make_client(
+                    None, deadline, max_pool_connections=WORKERS
+                )
+        client, listing = stores.list_model(uri, None, deadline, connections=WORKERS, client=client)
         listed = {o.path: o for o in listing}
         gone = [o.path for o in objects if o.path not in listed]
         if gone:

@@ -183,7 +183,10 @@ def is_memory_backed(path: Path) -> bool:
 
 
 class NodeWeights:
-    """A process's use of one region: :meth:`acquire` it, :meth:`release` it."""
+    """A process's use of one region: :meth:`acquire` it, :meth:`release` it. Its
+    ``keeper`` keeps the region until no one holds it, its ``puller`` pulls what is missing
+    (in a Ray worker both are the node's agent: ``integrations/ray/agent.py``); by default
+    this process, in threads."""
 
     def __init__(
         self,
@@ -191,10 +194,12 @@ class NodeWeights:
         objects: tuple[ObjectInfo, ...],
         sharing: Sharing,
         keeper: Callable[[Path], None] | None = None,
+        puller: Callable[[Path], None] | None = None,
     ):
         self.uri = uri
         self.keeper = keeper or reap_in_thread  # removes the region once no one holds it
         self.objects = objects
+        self.puller = puller or (lambda region: start_pull(region, uri, objects))
         self.sharing = sharing
         self.region = region_for(uri, objects, sharing.base)
         self.reason: str | None = None  # why the weights are not shared here, if they are not
@@ -205,8 +210,8 @@ class NodeWeights:
         return sum(o.size for o in self.objects)
 
     def acquire(self) -> str | None:
-        """Hold a reference to the region (made if new), hand it to the keeper, and start
-        the pull if no one is pulling; return the region's path, or None with the reason
+        """Hold a reference to the region (made if new), hand it to the keeper, and have the
+        puller pull what is missing; return the region's path, or None with the reason
         logged when sharing cannot fit (``required``: a WeightSharingError)."""
         base = Path(self.sharing.base)
         if self.sharing.base == DEFAULT_BASE and not is_memory_backed(base.parent):
@@ -243,7 +248,7 @@ class NodeWeights:
             (self.region / WARM_UNTIL).unlink(missing_ok=True)  # in use again
             self._ref = add_ref(self.region)
         self.keeper(self.region)  # every holder asks: the keeper takes a region once
-        start_pull(self.region, self.uri, self.objects)
+        self.puller(self.region)  # and one pull runs at a time (pull.py)
         return str(self.region)
 
     def _cannot(self, reason: str) -> None:
@@ -289,8 +294,8 @@ class RegionWeights:
     fills_while_read = True
 
     def prepare(self) -> WeightSource:
-        # the pull starts (or is taken over, after a puller that died) with each attempt
-        start_pull(Path(self.region), self.uri, self.fetched.weight_objects)
+        # the pull starts (or starts again, after a puller that died) with each attempt
+        self.node.puller(Path(self.region))
         why = unshared(self.region)
         if why is None:
             return self

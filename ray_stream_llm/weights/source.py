@@ -76,14 +76,15 @@ def acquire(
     fetched: FetchReport,
     sharing: Sharing | None,
     keeper: Callable[[Path], None] | None = None,
+    puller: Callable[[Path], None] | None = None,
 ) -> WeightSource:
     """The engine's source under the driver's decision: the node's region where it shares
-    and the region can be had (handed to ``keeper``: :class:`NodeWeights`), else the store
-    (the report says why). Raises ``WeightSharingError`` where sharing was required
-    (``'node'``) and cannot be had."""
+    and the region can be had (kept by ``keeper``, filled by ``puller``:
+    :class:`NodeWeights`), else the store (the report says why). Raises
+    ``WeightSharingError`` where sharing was required (``'node'``) and cannot be had."""
     if sharing is None or sharing.mode != "node":
         return StoreWeights(uri, fetched)
-    node = NodeWeights(uri, fetched.weight_objects, sharing, keeper)
+    node = NodeWeights(uri, fetched.weight_objects, sharing, keeper, puller)
     try:
         region = node.acquire()
     except BaseException:

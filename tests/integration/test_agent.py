@@ -9,7 +9,9 @@ nothing left to watch, ends itself; a killed agent's successor finishes its work
 from __future__ import annotations
 
 import json
+import math
 import os
+import shutil
 import sys
 import textwrap
 import time
@@ -19,9 +21,12 @@ from pathlib import Path
 import psutil
 import pytest
 from helpers.janitors import SEGMENT_MAPPER as _MAPPER
+from helpers.s3log import AccessLog, copy_model, prefix_of
 from helpers.waiting import wait_until
 
+from ray_stream_llm.actors import NAMESPACE, agent_name
 from ray_stream_llm.integrations.ray import agent as agent_module
+from ray_stream_llm.tools.link import Link
 
 pytestmark = [pytest.mark.e2e]
 
@@ -330,3 +335,78 @@ def test_a_local_rays_end_leaves_no_segment_of_its_engines(work, ending):
         assert not list(agent_module.state_dir().glob(f"{actor}-*.json"))
     finally:
         Path(f"/dev/shm/{name}").unlink(missing_ok=True)
+
+
+@pytest.mark.s3
+def test_the_agent_pulls_with_the_asking_actors_settings_and_outlives_it(
+    s3_server, tiny_models, no_aws_env, local_ray
+):
+    """A region's pull is the node agent's (``agent.pull_region``): an actor whose store
+    settings are in its own environment only (as the library's stage actors put the
+    config's secrets there), on a Ray whose processes have none, asks for the model's
+    region through a slow link and is killed once the pull has begun. The agent pulls on: every file
+    whole, the store's bytes, each 8 MiB range read once, its own pid in the pull's record;
+    no file the agent keeps names the store's secret; the region is removed once its only
+    holder is dead."""
+    import ray
+
+    from ray_stream_llm.weights import marks
+    from ray_stream_llm.weights.pull import CHUNK, pull_status
+
+    model = copy_model(s3_server, tiny_models["sharded"], "agent-pull")
+    base = Path("/dev/shm") / f"rsl-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    log = AccessLog(s3_server)
+
+    @ray.remote(num_cpus=0)
+    class Asker:
+        def __init__(self, env: dict[str, str]) -> None:
+            os.environ.update(env)  # as the stage actors apply the config's secrets
+
+        def ask(self, uri: str, base: str) -> str | None:
+            from ray_stream_llm.fetch import fetch_metadata_report
+            from ray_stream_llm.integrations.ray.agent import keep_region, pull_region
+            from ray_stream_llm.uri import parse_model_uri
+            from ray_stream_llm.weights.region import NodeWeights, Sharing
+
+            report = fetch_metadata_report(uri)
+            self.weights = NodeWeights(
+                parse_model_uri(uri),
+                report.weight_objects,
+                Sharing("node", base=base),
+                keep_region,
+                pull_region,
+            )
+            return self.weights.acquire()
+
+    try:
+        with Link(s3_server.port, rate=128 << 10, burst=64 << 10) as link:
+            asker = Asker.remote(link.store_env(s3_server.env()))
+            region = Path(ray.get(asker.ask.remote(model.uri, str(base))))
+            objects = marks.objects_of(region)
+            wait_until(  # the agent's pull has begun (its first file is being written)
+                lambda: any((region / ".partial").glob("*")), 60, "no pull began", poll=0.05
+            )
+            ray.kill(asker)
+            whole_at_kill = [o.path for o in objects if marks.done(region, o.path)]
+            wait_until(
+                lambda: all(marks.done(region, o.path) for o in objects),
+                120,
+                lambda: f"the region's pull stopped: {sorted(os.listdir(region))}",
+                poll=0.2,
+            )
+        assert len(whole_at_kill) < len(objects), whole_at_kill  # killed mid-pull
+        for o in objects:
+            assert (region / o.path).read_bytes() == (model.local / o.path).read_bytes()
+        gets = log.gets(prefix_of(model.uri))
+        assert {k: v for k, v in gets.items() if k.endswith(".safetensors")} == {
+            prefix_of(model.uri) + o.path: math.ceil(o.size / CHUNK) for o in objects
+        }
+        node = ray.get_runtime_context().get_node_id()
+        agent = ray.get_actor(agent_name(node), namespace=NAMESPACE)
+        assert pull_status(region)["pid"] == ray.get(agent.pid.remote())
+        for path in [*agent_module.state_dir().rglob("*"), *region.rglob("*")]:
+            if path.is_file():
+                assert s3_server.secret_access_key.encode() not in path.read_bytes(), path
+        wait_until(lambda: not region.exists(), 30, f"{region} is still there", poll=0.2)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -11,8 +11,10 @@ processes it left running and removes those segments and the engine's private di
 (``RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper``) ends an engine's
 leftovers, and never the agent, which is no worker's child.
 
-Each actor that holds a region of the node's shared weights hands it to the agent
-(:func:`keep_region`), which runs the region's :func:`~ray_stream_llm.weights.lifetime.reap`
+Each actor that holds a region of the node's shared weights has the agent pull what is
+missing of it (:func:`pull_region`: the actor's store settings passed by value, kept by no
+record of the agent) and hands it to the agent (:func:`keep_region`), which runs the
+region's :func:`~ray_stream_llm.weights.lifetime.reap`
 in a thread: the region is removed once no live process has held it for 2 s, or, kept warm
 (``keep_warm_s``), once its time is up. An agent keeping a region does not end. It is also
 the region's server for the nodes that copy it (``weights/peers.py``: :meth:`NodeAgent.read`),
@@ -48,7 +50,7 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
-from ray_stream_llm.actors import agent_name, library_actor
+from ray_stream_llm.actors import actor_logging, agent_name, library_actor
 from ray_stream_llm.files import write_whole
 
 logger = logging.getLogger(__name__)
@@ -118,11 +120,13 @@ class NodeAgent:
     engine actors."""
 
     def __init__(self, records: str) -> None:
+        actor_logging()  # its pulls' figures in its log
         self._records = Path(records)
         self._records.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._watching: dict[int, threading.Thread] = {}
         self._keeping: dict[str, threading.Thread] = {}  # region -> its reap thread
+        self._pulling: dict[str, threading.Thread] = {}  # region -> its pull thread
         self._retiring = False
         from ray_stream_llm.integrations.vllm import shm
 
@@ -191,6 +195,28 @@ class NodeAgent:
         thread.start()
         return True
 
+    def pull(self, region: str, env: dict[str, str]) -> bool:
+        """Pull what is missing of the node's region ``region`` (``weights.pull.pull_with``)
+        in a thread, unless this agent pulls it now. ``env``: the store variables of the
+        actor that asked, its settings by value (this call's thread holds them while the
+        store's client is made; no record or log of this agent has them). A pull already
+        going on in another process (its lock) is left to it. False when this agent is
+        ending (ask the node's next one)."""
+        from ray_stream_llm.weights.pull import pull_with
+
+        with self._lock:
+            if self._retiring:
+                return False
+            running = self._pulling.get(region)
+            if running is not None and running.is_alive():
+                return True
+            thread = threading.Thread(
+                target=pull_with, args=(Path(region), env), name="pull", daemon=True
+            )
+            self._pulling[region] = thread
+        thread.start()
+        return True
+
     def _keep(self, record: Path, region: str) -> None:
         import ray
 
@@ -255,7 +281,11 @@ class NodeAgent:
         while True:
             time.sleep(poll)
             with self._lock:
-                threads = [*self._watching.values(), *self._keeping.values()]
+                threads = [
+                    *self._watching.values(),
+                    *self._keeping.values(),
+                    *self._pulling.values(),
+                ]
                 if any(t.is_alive() or t.ident is None for t in threads):
                     idle_since = time.monotonic()
                 elif time.monotonic() - idle_since >= idle_s:
@@ -373,6 +403,28 @@ def keep_region(region: Path) -> None:
             logger.warning("no node agent keeps %s", region, exc_info=True)
 
     threading.Thread(target=confirm, name="rsl-keep", daemon=True).start()
+
+
+def pull_region(region: Path) -> None:
+    """The puller of the node's shared regions in a Ray worker
+    (``weights.region.NodeWeights``' ``puller``): this node's agent pulls what is missing of
+    ``region``, the store reached with this actor's settings (``stores.settings.store_env``,
+    passed by value), so that the pull outlives the actor that asked (a stage actor Ray Data
+    retires, an engine that fails). Returns at once; where no agent takes it (logged), this
+    process pulls (``weights.pull.start_pull``)."""
+    from ray_stream_llm.stores.settings import store_env
+    from ray_stream_llm.weights.pull import take_over
+
+    asked = Asked("pull", str(region), store_env())
+
+    def confirm() -> None:
+        try:
+            asked.confirm()
+        except Exception:
+            logger.warning("no node agent pulls %s: this actor does", region, exc_info=True)
+            take_over(region)
+
+    threading.Thread(target=confirm, name="rsl-pull", daemon=True).start()
 
 
 def _tree(state: dict[str, Any]) -> tuple[dict[int, float], set[str]]:

@@ -25,7 +25,7 @@ from ray_stream_llm.errors import (
     WeightLoadError,
 )
 from ray_stream_llm.fetch import FetchReport, fetch_metadata_report
-from ray_stream_llm.integrations.ray.agent import keep_region, watch_engine
+from ray_stream_llm.integrations.ray.agent import keep_region, pull_region, watch_engine
 from ray_stream_llm.integrations.ray.engine_stage import engine_stage_shims, vLLMEngineStageUDF
 from ray_stream_llm.integrations.ray.progress import progress_enabled
 from ray_stream_llm.integrations.ray.telemetry import job_id, node_ip, publish, store_failure
@@ -110,7 +110,7 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
                     # a region is read only through this library's loader: fail closed
                     # before any of it is made
                     require_plugin()
-                self._weights = acquire(plan.uri, fetched, plan.sharing, keep_region)
+                self._weights = acquire(plan.uri, fetched, plan.sharing, keep_region, pull_region)
             except RayStreamLLMError as exc:  # no plugin; or 'node' asked for, cannot fit
                 store_failure(exc)  # for ray_stream_llm.typed_errors() on the driver
                 raise

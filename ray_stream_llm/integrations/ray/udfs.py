@@ -13,9 +13,10 @@ import logging
 import os
 from typing import Any
 
+from ray_stream_llm.actors import actor_logging
 from ray_stream_llm.errors import RayStreamLLMError
 from ray_stream_llm.fetch import fetch_metadata_report
-from ray_stream_llm.integrations.ray.agent import keep_region
+from ray_stream_llm.integrations.ray.agent import keep_region, pull_region
 from ray_stream_llm.integrations.ray.compat import (
     ChatTemplateUDF,
     DetokenizeUDF,
@@ -60,19 +61,6 @@ class SecretEnv:
         return f"SecretEnv({sorted(self._values)})"
 
 
-def _actor_logging() -> None:
-    """In the stage actors this library creates (never in the user's own processes), show
-    its INFO lines (fetch and load figures) in the worker log and the driver, as Ray's own
-    libraries do, unless logging was configured there already."""
-    package = logging.getLogger("ray_stream_llm")
-    if package.level == logging.NOTSET:
-        package.setLevel(logging.INFO)
-    if not package.handlers and not logging.getLogger().handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-        package.addHandler(handler)
-
-
 _prefetched: list[NodeWeights] = []  # this stage actor's references, held for its lifetime
 
 
@@ -81,7 +69,7 @@ def _prepare(secret_env: SecretEnv | None, plan: Plan | None, model: Any) -> Any
     processes inherit it); with a ``plan`` (streamed) the model's metadata, and the start of
     the node's shared pull when the plan shares the weights: the local directory for Ray's
     UDF. Without a plan, ``model`` as it is."""
-    _actor_logging()
+    actor_logging()
     if secret_env is not None:
         secret_env.apply()
     if plan is None:
@@ -101,7 +89,7 @@ def _prepare(secret_env: SecretEnv | None, plan: Plan | None, model: Any) -> Any
         # The earliest point of the job on this node: the pull overlaps actor start-up and
         # engine initialisation. Best effort: the engine acquires (and reports) itself.
         sharing = dataclasses.replace(plan.sharing, required=False)
-        weights = NodeWeights(plan.uri, report.weight_objects, sharing, keep_region)
+        weights = NodeWeights(plan.uri, report.weight_objects, sharing, keep_region, pull_region)
         if weights.acquire() is not None:
             _prefetched.append(weights)
     return str(report.path)

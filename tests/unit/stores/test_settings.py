@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from pydantic import ValidationError
 
@@ -299,3 +301,22 @@ def test_conflict_with_the_ray_jobs_runtime_env(monkeypatch):
         build_llm_processor(config)
     assert "the Ray job's runtime_env" in str(err.value) and "eu-west-1" in str(err.value)
     assert not ray.is_initialized()
+
+
+def test_applied_store_settings_are_the_given_ones_only_and_restored(monkeypatch):
+    """What the node agent makes a client under: the asking actor's store variables and no
+    other store variable of the agent's own (an earlier job's endpoint), then its own
+    again; a variable of no store is left alone."""
+    from ray_stream_llm.stores.settings import applied, store_env
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://earlier-job:9000")
+    monkeypatch.setenv("AWS_PROFILE", "earlier")
+    monkeypatch.setenv("HOME_OF_SOMETHING_ELSE", "kept")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
+    asked = {"AWS_ENDPOINT_URL": "http://store:8333", "AWS_SECRET_ACCESS_KEY": "s3cr3t"}
+    before = store_env()
+    with applied({**asked, "PATH": "/not/a/store/variable"}):
+        assert store_env() == asked
+        assert os.environ["HOME_OF_SOMETHING_ELSE"] == "kept"
+        assert os.environ["PATH"] != "/not/a/store/variable"
+    assert store_env() == before and "AWS_SECRET_ACCESS_KEY" not in os.environ
