@@ -108,15 +108,21 @@ def pull_with(region: Path, env: Mapping[str, str]) -> bool:
     objects its marker names, unless all is there or someone is pulling; the store's
     clients made under ``env``, the store variables of the actor that asked
     (``stores.settings.applied``). True when this call pulled."""
-    try:
-        uri, objects = parse_model_uri(marker(region)["uri"]), objects_of(region)
-    except (OSError, ValueError, KeyError, TypeError):
-        return False  # removed meanwhile, or not a region
-    held = _lock_for_pull(region, objects)
-    if held is None:
+    planned = _planned(region)
+    held = None if planned is None else _lock_for_pull(region, planned[1])
+    if planned is None or held is None:
         return False
-    _pull(region, uri, objects, held, env)
+    _pull(region, *planned, held, env)
     return True
+
+
+def _planned(region: Path) -> tuple[ModelURI, tuple[ObjectInfo, ...]] | None:
+    """The model's URI and the weight objects ``region`` was made for (its marker), or None
+    where it was removed meanwhile or is no region."""
+    try:
+        return parse_model_uri(marker(region)["uri"]), objects_of(region)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _lock_for_pull(region: Path, objects: tuple[ObjectInfo, ...]) -> HeldLock | None:
@@ -415,10 +421,6 @@ def finished_pull(region: str | Path, timeout: float = 30.0) -> dict[str, Any] |
 def take_over(region: Path) -> None:
     """The puller died: pull the missing files from this process (the store settings are
     in its environment), pinned to the objects the region was made for."""
-    try:
-        meta = marker(region)
-        objects = objects_of(region)
-    except (OSError, ValueError, KeyError, TypeError):
-        return
-    if start_pull(region, parse_model_uri(meta["uri"]), objects):
+    planned = _planned(region)
+    if planned is not None and start_pull(region, *planned):
         logger.warning("The puller of %s is gone: this engine pulls the rest", region)
