@@ -1,7 +1,7 @@
 """A node's region filled from another node's region over Ray: one store read per cluster.
 
 Where the plan shares weights with peers (``weight_peers``, the fan-out, 2 by default),
-each node's puller in a Ray worker (:func:`ray_stream_llm.weights.pull.start_pull`) joins
+each node's pull (its agent's: :func:`ray_stream_llm.weights.pull.pull_with`) joins
 the model's *directory*: a detached Ray actor named for the region's key (``rsl-peers-<key>``,
 namespace ``ray_stream_llm``, created by the first node that asks, atomically). Each node's
 *server* is its node agent (``integrations/ray/agent.py``), which keeps the node's region

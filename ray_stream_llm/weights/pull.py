@@ -2,16 +2,18 @@
 
 In a Ray job the node's agent pulls (:func:`pull_with`, asked by the node's stage actors
 and engines with their store settings by value: ``integrations/ray/agent.py``); elsewhere
-the process that finds files missing does (:func:`start_pull`). The puller takes
+the process that holds the region does (:func:`start_pull`). The puller takes
 ``.pull.lock`` and reads each object from the store (or from a peer node's region:
 :mod:`ray_stream_llm.weights.peers`) with parallel ranged GETs, file by file, writing the
 ranges into ``.partial/<name>``; once every byte is in and its size (and MD5, where the ETag
 is one) checked, the file is renamed to ``<name>``, so no reader ever sees a file under its
 name that is still being written. A pull that fails writes ``.failed`` (the error's class
-and message), which fails every waiting engine with that typed error (:func:`pull_error`);
-a puller that dies releases its lock, and a waiting engine takes the pull over
-(:func:`take_over`), resuming each partial file from its recorded prefix. The lock is
-:func:`ray_stream_llm.files.try_locked` (its limits are stated there).
+and message), which fails every waiting engine with that typed error (:func:`pull_error`).
+A puller that dies releases its lock, and the region's holders, which ask for the pull
+again while it fills (``weights.region.NodeWeights.tend``), have it taken up again (by the
+restarted agent), each partial file resumed from its recorded prefix; the engines' vLLM
+processes only wait. The lock is :func:`ray_stream_llm.files.try_locked` (its limits are
+stated there): it says that a pull runs, for whoever would retire the region.
 """
 
 from __future__ import annotations
@@ -339,10 +341,10 @@ def _pull(
             status["source"],
         )
     except Exception as exc:  # every waiting engine fails with it
-        if _exiting(exc):  # this process is going away, not the store: a waiter takes over
+        if _exiting(exc):  # this process is going away, not the store: a holder asks again
             logger.warning("The shared pull of %s stops with its process: %s", uri, exc)
             return
-        _fail(region, exc)
+        fail(region, exc)
         logger.warning("The shared pull of %s failed: %s: %s", uri, type(exc).__name__, exc)
     finally:
         lock.release()
@@ -364,7 +366,7 @@ def _exiting(exc: BaseException) -> bool:
     )
 
 
-def _fail(region: Path, error: BaseException) -> None:
+def fail(region: Path, error: BaseException) -> None:
     """Tell every waiter the pull failed: ``.failed`` with the error's class and message, or,
     where it cannot be written (the region's memory is full), an empty ``.failed``, which
     waiters read as a failure whose message was lost. Only a region that is gone takes no
@@ -416,11 +418,3 @@ def finished_pull(region: str | Path, timeout: float = 30.0) -> dict[str, Any] |
             return pull_status(region)  # ended meanwhile, or no pull holds it
         time.sleep(0.05)
     return status
-
-
-def take_over(region: Path) -> None:
-    """The puller died: pull the missing files from this process (the store settings are
-    in its environment), pinned to the objects the region was made for."""
-    planned = _planned(region)
-    if planned is not None and start_pull(region, *planned):
-        logger.warning("The puller of %s is gone: this engine pulls the rest", region)

@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -46,6 +47,7 @@ from ray_stream_llm.weights.lifetime import (
 )
 from ray_stream_llm.weights.marks import (
     CREATED,
+    FAILED,
     UNSHARED,
     WARM_UNTIL,
     budget,
@@ -54,12 +56,11 @@ from ray_stream_llm.weights.marks import (
     objects_of,
 )
 from ray_stream_llm.weights.pull import (
+    fail,
     finished_pull,
     pull_error,
-    pull_free,
     pull_timeout,
     start_pull,
-    take_over,
     unshared,
 )
 from ray_stream_llm.weights.store import StoreWeights
@@ -182,11 +183,16 @@ def is_memory_backed(path: Path) -> bool:
     return fstype in ("tmpfs", "ramfs")
 
 
+TEND_S = 1.0  # how often a holder asks its puller again while its region fills
+
+
 class NodeWeights:
     """A process's use of one region: :meth:`acquire` it, :meth:`release` it. Its
     ``keeper`` keeps the region until no one holds it, its ``puller`` pulls what is missing
     (in a Ray worker both are the node's agent: ``integrations/ray/agent.py``); by default
-    this process, in threads."""
+    this process, in threads. While it holds an incomplete region it asks its puller again
+    each :data:`TEND_S` (:meth:`tend`): a puller asked while it pulls does nothing, and one
+    that died (the node's agent, killed and restarted by Ray) takes the pull up again."""
 
     def __init__(
         self,
@@ -204,6 +210,10 @@ class NodeWeights:
         self.region = region_for(uri, objects, sharing.base)
         self.reason: str | None = None  # why the weights are not shared here, if they are not
         self._ref: Path | None = None
+        self._tending: threading.Thread | None = None
+        self._asked = False  # a new attempt: ask the puller even after a failed pull
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
 
     @property
     def weight_bytes(self) -> int:
@@ -248,8 +258,43 @@ class NodeWeights:
             (self.region / WARM_UNTIL).unlink(missing_ok=True)  # in use again
             self._ref = add_ref(self.region)
         self.keeper(self.region)  # every holder asks: the keeper takes a region once
-        self.puller(self.region)  # and one pull runs at a time (pull.py)
+        self.tend()  # and one pull runs at a time (pull.py)
         return str(self.region)
+
+    def tend(self) -> None:
+        """Have the puller pull what is missing, in a thread that asks it again each
+        :data:`TEND_S` while this process holds the region and it is incomplete; it stops
+        at the pull's end, its failure (a new :meth:`tend`, the engine's next start attempt,
+        asks again: the pull starts over from the ranges it had) or the release. A puller
+        that raises (no node agent took the request) fails the pull with a typed error."""
+        with self._lock:
+            self._asked = True
+            self._wake.set()
+            if self._tending is None:
+                self._tending = threading.Thread(target=self._tend, name="rsl-tend", daemon=True)
+                self._tending.start()
+
+    def _tend(self) -> None:
+        while True:
+            with self._lock:
+                if self._ref is None or (not self._asked and _settled(self.region)):
+                    self._tending = None  # the next tend() starts a new thread
+                    return
+                self._asked = False
+                self._wake.clear()
+            try:
+                self.puller(self.region)
+            except Exception as exc:
+                fail(
+                    self.region,
+                    WeightSharingError(
+                        f"nothing on this node pulls the shared weights of {str(self.uri)!r} "
+                        f"into {self.region}: {type(exc).__name__}: {exc}; is the node's "
+                        "agent (namespace ray_stream_llm) failing? weight_sharing='off' "
+                        "streams each engine from the store"
+                    ),
+                )
+            self._wake.wait(TEND_S)
 
     def _cannot(self, reason: str) -> None:
         self.reason = reason  # for the load report
@@ -269,10 +314,24 @@ class NodeWeights:
     def release(self) -> None:
         """Drop this process's reference; the last one removes the region, or leaves it
         warm for ``keep_warm_s`` (its keeper removes it then)."""
-        ref, self._ref = self._ref, None
+        with self._lock:
+            ref, self._ref = self._ref, None
+            self._wake.set()  # the tending thread ends
         if ref is None:
             return
         drop_ref(self.region, ref)
+
+
+def _settled(region: Path) -> bool:
+    """Whether ``region``'s pull needs no one to ask again: every file whole, the pull
+    failed or was given up for the store, or the region is gone."""
+    try:
+        objects = objects_of(region)
+    except (OSError, ValueError, KeyError, TypeError):
+        return True
+    if (region / FAILED).exists() or (region / UNSHARED).exists():
+        return True
+    return all(done(region, o.path) for o in objects)
 
 
 class RegionWeights:
@@ -294,8 +353,7 @@ class RegionWeights:
     fills_while_read = True
 
     def prepare(self) -> WeightSource:
-        # the pull starts (or starts again, after a puller that died) with each attempt
-        self.node.puller(Path(self.region))
+        self.node.tend()  # the pull asked for again with each attempt (after a failed one)
         why = unshared(self.region)
         if why is None:
             return self
@@ -330,8 +388,9 @@ def wait_for(region: str | Path, name: str, timeout: float | None = None) -> flo
     """In the engine's process: block until the weight file ``name`` of ``region`` is
     whole (under its name), or the region was given up for the store (:data:`UNSHARED`,
     'auto' only: see :func:`file_source`); seconds waited. Raises when the pull failed (its
-    typed error: :func:`pull_error`) or the region is gone; takes the pull over when its
-    puller died. ``timeout``: by default the region's pull timeout (:func:`pull_timeout`)."""
+    typed error: :func:`pull_error`) or the region is gone. The region's holders see that
+    its pull goes on (:meth:`NodeWeights.tend`); this process never pulls. ``timeout``: by
+    default the region's pull timeout (:func:`pull_timeout`)."""
     region = Path(region)
     if not (region / CREATED).is_file():
         raise FileNotFoundError(f"{region} is not a shared region (or it was removed)")
@@ -353,7 +412,5 @@ def wait_for(region: str | Path, name: str, timeout: float | None = None) -> flo
                 f"{region / name} not complete after {timeout:.0f}s (the pull's budget for "
                 "its size)"
             )
-        if pull_free(region) and not done(region, name):
-            take_over(region)
         time.sleep(0.05)
     return time.monotonic() - begin

@@ -17,6 +17,7 @@ import textwrap
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -337,25 +338,10 @@ def test_a_local_rays_end_leaves_no_segment_of_its_engines(work, ending):
         Path(f"/dev/shm/{name}").unlink(missing_ok=True)
 
 
-@pytest.mark.s3
-def test_the_agent_pulls_with_the_asking_actors_settings_and_outlives_it(
-    s3_server, tiny_models, no_aws_env, local_ray
-):
-    """A region's pull is the node agent's (``agent.pull_region``): an actor whose store
-    settings are in its own environment only (as the library's stage actors put the
-    config's secrets there), on a Ray whose processes have none, asks for the model's
-    region through a slow link and is killed once the pull has begun. The agent pulls on: every file
-    whole, the store's bytes, each 8 MiB range read once, its own pid in the pull's record;
-    no file the agent keeps names the store's secret; the region is removed once its only
-    holder is dead."""
+def _asker() -> Any:
+    """An actor that holds a model's region as the library's stage actors and engines do
+    (its node agent keeps and pulls it), its store settings in its own environment only."""
     import ray
-
-    from ray_stream_llm.weights import marks
-    from ray_stream_llm.weights.pull import CHUNK, pull_status
-
-    model = copy_model(s3_server, tiny_models["sharded"], "agent-pull")
-    base = Path("/dev/shm") / f"rsl-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    log = AccessLog(s3_server)
 
     @ray.remote(num_cpus=0)
     class Asker:
@@ -378,9 +364,32 @@ def test_the_agent_pulls_with_the_asking_actors_settings_and_outlives_it(
             )
             return self.weights.acquire()
 
+    return Asker
+
+
+@pytest.mark.s3
+def test_the_agent_pulls_with_the_asking_actors_settings_and_outlives_it(
+    s3_server, tiny_models, no_aws_env, local_ray
+):
+    """A region's pull is the node agent's (``agent.pull_region``): an actor whose store
+    settings are in its own environment only (as the library's stage actors put the
+    config's secrets there), on a Ray whose processes have none, asks for the model's
+    region through a slow link and is killed once the pull has begun. The agent pulls on: every file
+    whole, the store's bytes, each 8 MiB range read once, its own pid in the pull's record;
+    no file the agent keeps names the store's secret; the region is removed once its only
+    holder is dead."""
+    import ray
+
+    from ray_stream_llm.weights import marks
+    from ray_stream_llm.weights.pull import CHUNK, pull_status
+
+    model = copy_model(s3_server, tiny_models["sharded"], "agent-pull")
+    base = Path("/dev/shm") / f"rsl-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    log = AccessLog(s3_server)
+
     try:
         with Link(s3_server.port, rate=128 << 10, burst=64 << 10) as link:
-            asker = Asker.remote(link.store_env(s3_server.env()))
+            asker = _asker().remote(link.store_env(s3_server.env()))
             region = Path(ray.get(asker.ask.remote(model.uri, str(base))))
             objects = marks.objects_of(region)
             wait_until(  # the agent's pull has begun (its first file is being written)
@@ -407,6 +416,58 @@ def test_the_agent_pulls_with_the_asking_actors_settings_and_outlives_it(
         for path in [*agent_module.state_dir().rglob("*"), *region.rglob("*")]:
             if path.is_file():
                 assert s3_server.secret_access_key.encode() not in path.read_bytes(), path
+        wait_until(lambda: not region.exists(), 30, f"{region} is still there", poll=0.2)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.s3
+def test_an_agent_killed_mid_pull_is_restarted_and_pulls_on_for_the_holder(
+    s3_server, tiny_models, no_aws_env, local_ray
+):
+    """The node agent is SIGKILLed while it pulls a region (a slow link) that an actor
+    holds: Ray restarts it, the holder's next request (``NodeWeights.tend``, each second)
+    has the restarted agent take the pull up again with the holder's settings, and every
+    file ends whole with the store's bytes; only the file in flight at the kill is read
+    again, and the pull's record is the restarted agent's. No other process pulled."""
+    import ray
+
+    from ray_stream_llm.weights import marks
+    from ray_stream_llm.weights.pull import CHUNK, pull_status
+
+    model = copy_model(s3_server, tiny_models["sharded"], "agent-killed-pull")
+    base = Path("/dev/shm") / f"rsl-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    log = AccessLog(s3_server)
+    node = ray.get_runtime_context().get_node_id()
+    try:
+        with Link(s3_server.port, rate=128 << 10, burst=64 << 10) as link:
+            asker = _asker().remote(link.store_env(s3_server.env()))
+            region = Path(ray.get(asker.ask.remote(model.uri, str(base))))
+            objects = marks.objects_of(region)
+            wait_until(lambda: any((region / ".partial").glob("*")), 60, "no pull began", poll=0.05)
+            agent = ray.get_actor(agent_name(node), namespace=NAMESPACE)
+            first = ray.get(agent.pid.remote())
+            os.kill(first, 9)
+            whole_at_kill = [o.path for o in objects if marks.done(region, o.path)]
+            wait_until(
+                lambda: all(marks.done(region, o.path) for o in objects),
+                120,
+                lambda: f"the region's pull stopped: {sorted(os.listdir(region))}",
+                poll=0.2,
+            )
+            assert len(whole_at_kill) < len(objects), whole_at_kill  # killed mid-pull
+            for o in objects:
+                assert (region / o.path).read_bytes() == (model.local / o.path).read_bytes()
+            again = ray.get(agent.pid.remote())
+            wait_until(lambda: pull_status(region) is not None, 30, "no pull record")
+            assert again != first and pull_status(region)["pid"] == again
+            ranges = {prefix_of(model.uri) + o.path: math.ceil(o.size / CHUNK) for o in objects}
+            gets = log.gets(prefix_of(model.uri))
+            gets = {k: v for k, v in gets.items() if k.endswith(".safetensors")}
+            again_read = {k: gets[k] - n for k, n in ranges.items() if gets.get(k, 0) != n}
+            assert set(gets) == set(ranges) and all(0 < n <= 2 * 16 for n in again_read.values())
+            assert len(again_read) <= 1, again_read  # only the file in flight at the kill
+            ray.kill(asker)
         wait_until(lambda: not region.exists(), 30, f"{region} is still there", poll=0.2)
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -207,9 +207,13 @@ def test_a_killed_holders_region_is_removed_by_its_keeper(
     assert not keeper.is_alive() and not region.exists()
 
 
-def test_a_dead_puller_is_taken_over(s3_server, s3_env, tiny_models, base, spawn):
-    """The puller is killed mid-pull (a slow link): the waiting reader takes the pull over
-    and every file completes with the store's bytes."""
+def test_a_dead_pullers_region_is_pulled_on_by_its_other_holder(
+    s3_server, s3_env, tiny_models, base, spawn
+):
+    """The puller, one of a region's two holders, is killed mid-pull (a slow link): the
+    other holder, which asks for the pull each second (``NodeWeights.tend``), pulls the rest
+    in its thread (the pull's record names it), and every file completes with the store's
+    bytes; its reader only waited."""
     model, uri, objects = _weights(s3_server, tiny_models, "share-takeover")
     with Link(s3_server.port, latency=0.3) as proxy:
         env = {**os.environ, "AWS_ENDPOINT_URL": proxy.endpoint_url}
@@ -233,6 +237,7 @@ def test_a_dead_puller_is_taken_over(s3_server, s3_env, tiny_models, base, spawn
     for obj in objects:  # the store directly now (the proxy is gone)
         wait_for(region, obj.path, timeout=120)
         assert (region / obj.path).read_bytes() == (model.local / obj.path).read_bytes()
+    assert pull.finished_pull(region)["pid"] == os.getpid()
     reader.release()
     _wait_gone(region)
 

@@ -407,24 +407,15 @@ def keep_region(region: Path) -> None:
 
 def pull_region(region: Path) -> None:
     """The puller of the node's shared regions in a Ray worker
-    (``weights.region.NodeWeights``' ``puller``): this node's agent pulls what is missing of
-    ``region``, the store reached with this actor's settings (``stores.settings.store_env``,
-    passed by value), so that the pull outlives the actor that asked (a stage actor Ray Data
-    retires, an engine that fails). Returns at once; where no agent takes it (logged), this
-    process pulls (``weights.pull.start_pull``)."""
+    (``weights.region.NodeWeights``' ``puller``, asked again each second while the region
+    fills): this node's agent pulls what is missing of ``region``, the store reached with
+    this actor's settings (``stores.settings.store_env``, passed by value), so that the pull
+    outlives the actor that asked (a stage actor Ray Data retires, an engine that fails),
+    and an agent restarted after a kill takes it up again. Waits until the agent has taken
+    the request (an agent being made: seconds); raises where none takes it."""
     from ray_stream_llm.stores.settings import store_env
-    from ray_stream_llm.weights.pull import take_over
 
-    asked = Asked("pull", str(region), store_env())
-
-    def confirm() -> None:
-        try:
-            asked.confirm()
-        except Exception:
-            logger.warning("no node agent pulls %s: this actor does", region, exc_info=True)
-            take_over(region)
-
-    threading.Thread(target=confirm, name="rsl-pull", daemon=True).start()
+    Asked("pull", str(region), store_env()).confirm()
 
 
 def _tree(state: dict[str, Any]) -> tuple[dict[int, float], set[str]]:

@@ -6,7 +6,7 @@ A failed pull's mark: a failed shared pull reaches its waiters as the typed erro
 ``wait_for`` raises the library's class (``except ObjectChangedError`` in the engine's
 process), anything else a ``RuntimeError`` as before; a mark of an older release (plain
 text) or an empty one reads as it did. The marks are written by the pull's own writer
-(``_fail``) into a region directory made here; the pulls that fail for real are in
+(``fail``) into a region directory made here; the pulls that fail for real are in
 tests/integration (test_region_trust.py, test_gcs.py, test_peers.py, test_node_weights.py).
 
 The pull record: a region's ``.pull.json`` is written just after its last file is whole, so
@@ -28,7 +28,7 @@ import pytest
 from ray_stream_llm.errors import ModelNotFoundError, ObjectChangedError, RayStreamLLMError
 from ray_stream_llm.files import try_locked, write_whole
 from ray_stream_llm.weights.marks import CREATED, FAILED, failure
-from ray_stream_llm.weights.pull import _fail, finished_pull, pull_error, pull_status
+from ray_stream_llm.weights.pull import fail, finished_pull, pull_error, pull_status
 from ray_stream_llm.weights.region import wait_for
 
 NAME = "model.safetensors"
@@ -45,7 +45,7 @@ def region(tmp_path: Path) -> Path:
 
 def test_a_library_error_is_raised_as_its_class_with_its_message(region):
     cause = ObjectChangedError(f"{NAME!r} of 's3://models/m/' changed in the store")
-    _fail(region, cause)
+    fail(region, cause)
     assert json.loads((region / FAILED).read_text()) == {
         "class": "ObjectChangedError",
         "message": str(cause),
@@ -59,7 +59,7 @@ def test_a_library_error_is_raised_as_its_class_with_its_message(region):
 
 
 def test_each_library_class_keeps_its_builtin(region):
-    _fail(region, ModelNotFoundError(f"{NAME!r} is no longer in the store"))
+    fail(region, ModelNotFoundError(f"{NAME!r} is no longer in the store"))
     with pytest.raises(FileNotFoundError) as err:
         wait_for(region, NAME, timeout=5)
     assert type(err.value) is ModelNotFoundError, err.value
@@ -71,7 +71,7 @@ def test_each_library_class_keeps_its_builtin(region):
     [OSError(28, "No space left on device"), ValueError("bad range"), RuntimeError("boom")],
 )
 def test_any_other_error_stays_a_runtime_error_naming_its_class(region, error):
-    _fail(region, error)
+    fail(region, error)
     with pytest.raises(RuntimeError) as err:
         wait_for(region, NAME, timeout=5)
     assert type(err.value) is RuntimeError
