@@ -230,8 +230,7 @@ test-compat: setup-compat
 	    $(T)/integration/test_peers.py::test_a_peer_killed_mid_copy_is_replaced_and_every_region_completes \
 	    $(T)/integration/test_engine_nodes.py \
 	    "$(T)/integration/test_agent.py::test_a_killed_engines_leftovers_are_gone_within_20_s_and_the_agent_then_ends[defaults]" \
-	    $(T)/integration/test_agent.py::test_the_agent_pulls_with_the_asking_actors_settings_and_outlives_it \
-	    $(T)/integration/test_agent.py::test_an_agent_killed_mid_pull_is_restarted_and_pulls_on_for_the_holder \
+	    $(T)/integration/test_agent.py::test_the_agents_pull_outlives_its_own_kill_and_the_asker_with_the_askers_settings \
 	    --durations=5 $(call JUNIT,ray-2.48.0)
 	$(ON_WHEEL) $(CURDIR)/$(COMPAT)2.54.1/bin/python $(RUN_PYTEST) $(CONTRACT) -m "not compat" \
 	    $(T)/e2e/test_sharing.py::test_tensor_parallel_ranks_read_the_nodes_one_pull \
