@@ -92,30 +92,33 @@ def pull_free(region: Path) -> bool:
     return True
 
 
-def start_pull(region: Path, uri: ModelURI, objects: tuple[ObjectInfo, ...]) -> bool:
-    """Pull what is missing in a background thread, unless all is there or someone is
-    pulling; True when this process pulls."""
+def start_pull(
+    region: Path,
+    uri: ModelURI,
+    objects: tuple[ObjectInfo, ...],
+    env: Mapping[str, str] | None = None,
+) -> threading.Thread | None:
+    """Claim the pull of what is missing of ``region`` now (its lock taken, an earlier
+    attempt's failure mark cleared: a waiter that starts after this returns never sees it)
+    and run it in a thread, started and returned; None where all is there or someone
+    pulls. ``env``: the store variables the store's clients are made under
+    (``stores.settings.applied``; None: this process's own)."""
     held = _lock_for_pull(region, objects)
     if held is None:
-        return False
+        return None
     thread = threading.Thread(
-        target=_pull, args=(region, uri, objects, held), daemon=True, name="rsl-node-pull"
+        target=_pull, args=(region, uri, objects, held, env), daemon=True, name="rsl-pull"
     )
     thread.start()
-    return True
+    return thread
 
 
-def pull_with(region: Path, env: Mapping[str, str]) -> bool:
-    """In the node's agent: pull what is missing of ``region`` in this thread, pinned to the
-    objects its marker names, unless all is there or someone is pulling; the store's
-    clients made under ``env``, the store variables of the actor that asked
-    (``stores.settings.applied``). True when this call pulled."""
+def pull_with(region: Path, env: Mapping[str, str]) -> threading.Thread | None:
+    """In the node's agent: :func:`start_pull` of ``region`` pinned to the objects its
+    marker names, the store's clients made under ``env``, the store variables of the actor
+    that asked; None also where the region is gone."""
     planned = _planned(region)
-    held = None if planned is None else _lock_for_pull(region, planned[1])
-    if planned is None or held is None:
-        return False
-    _pull(region, *planned, held, env)
-    return True
+    return None if planned is None else start_pull(region, *planned, env)
 
 
 def _planned(region: Path) -> tuple[ModelURI, tuple[ObjectInfo, ...]] | None:

@@ -261,14 +261,18 @@ class NodeWeights:
         self.tend()  # and one pull runs at a time (pull.py)
         return str(self.region)
 
-    def tend(self) -> None:
+    def tend(self, now: bool = False) -> None:
         """Have the puller pull what is missing, in a thread that asks it again each
         :data:`TEND_S` while this process holds the region and it is incomplete; it stops
         at the pull's end, its failure (a new :meth:`tend`, the engine's next start attempt,
-        asks again: the pull starts over from the ranges it had) or the release. A puller
-        that raises (no node agent took the request) fails the pull with a typed error."""
+        asks again: the pull starts over from the ranges it had) or the release. ``now``:
+        ask once in this thread first (an engine's start attempt: an earlier attempt's
+        failure mark is gone before vLLM starts). A puller that raises (no node agent took
+        the request) fails the pull with a typed error."""
+        if now:
+            self._ask()
         with self._lock:
-            self._asked = True
+            self._asked = not now
             self._wake.set()
             if self._tending is None:
                 self._tending = threading.Thread(target=self._tend, name="rsl-tend", daemon=True)
@@ -282,19 +286,22 @@ class NodeWeights:
                     return
                 self._asked = False
                 self._wake.clear()
-            try:
-                self.puller(self.region)
-            except Exception as exc:
-                fail(
-                    self.region,
-                    WeightSharingError(
-                        f"nothing on this node pulls the shared weights of {str(self.uri)!r} "
-                        f"into {self.region}: {type(exc).__name__}: {exc}; is the node's "
-                        "agent (namespace ray_stream_llm) failing? weight_sharing='off' "
-                        "streams each engine from the store"
-                    ),
-                )
+            self._ask()
             self._wake.wait(TEND_S)
+
+    def _ask(self) -> None:
+        try:
+            self.puller(self.region)
+        except Exception as exc:
+            fail(
+                self.region,
+                WeightSharingError(
+                    f"nothing on this node pulls the shared weights of {str(self.uri)!r} "
+                    f"into {self.region}: {type(exc).__name__}: {exc}; is the node's agent "
+                    "(namespace ray_stream_llm) failing? weight_sharing='off' streams each "
+                    "engine from the store"
+                ),
+            )
 
     def _cannot(self, reason: str) -> None:
         self.reason = reason  # for the load report
@@ -353,7 +360,7 @@ class RegionWeights:
     fills_while_read = True
 
     def prepare(self) -> WeightSource:
-        self.node.tend()  # the pull asked for again with each attempt (after a failed one)
+        self.node.tend(now=True)  # the pull asked for again with each attempt
         why = unshared(self.region)
         if why is None:
             return self

@@ -196,25 +196,21 @@ class NodeAgent:
         return True
 
     def pull(self, region: str, env: dict[str, str]) -> bool:
-        """Pull what is missing of the node's region ``region`` (``weights.pull.pull_with``)
-        in a thread, unless this agent pulls it now. ``env``: the store variables of the
-        actor that asked, its settings by value (this call's thread holds them while the
-        store's client is made; no record or log of this agent has them). A pull already
-        going on in another process (its lock) is left to it. False when this agent is
-        ending (ask the node's next one)."""
+        """Pull what is missing of the node's region ``region`` (``weights.pull.pull_with``:
+        claimed before this returns, run in a thread), unless this agent pulls it now.
+        ``env``: the store variables of the actor that asked, its settings by value (the
+        pull's thread holds them while the store's client is made; no record or log of
+        this agent has them). A pull already going on in another process (its lock) is left
+        to it. False when this agent is ending (ask the node's next one)."""
         from ray_stream_llm.weights.pull import pull_with
 
         with self._lock:
             if self._retiring:
                 return False
             running = self._pulling.get(region)
-            if running is not None and running.is_alive():
-                return True
-            thread = threading.Thread(
-                target=pull_with, args=(Path(region), env), name="pull", daemon=True
-            )
-            self._pulling[region] = thread
-        thread.start()
+            idle = running is None or not running.is_alive()
+            if idle and (thread := pull_with(Path(region), env)) is not None:
+                self._pulling[region] = thread
         return True
 
     def _keep(self, record: Path, region: str) -> None:

@@ -417,7 +417,7 @@ CHILD = textwrap.dedent(
         other.mkdir()
         planned = [dataclasses.asdict(o) for o in objects(GiB)]  # nothing of it in yet
         (other / ".created").write_text(json.dumps({"objects": planned}))
-        out["started"] = pull.start_pull(region, uri, objects(100 * MiB))
+        out["started"] = pull.start_pull(region, uri, objects(100 * MiB)) is not None
         try:
             node_weights.wait_for(region, "model.safetensors")
         except Exception as exc:
