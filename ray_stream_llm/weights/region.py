@@ -9,11 +9,10 @@ being written (with ``.progress/<name>``, its contiguous prefix), ``.refs/`` (on
 process using the region), ``.lock`` (the region's lock) and ``.pull.lock`` (held by the
 one process pulling). No file is made before its bytes come, none is sparse.
 
-This module is the region as its users see it: :class:`NodeWeights` (a process's hold on
-the node's region: made if new, within the node's memory), :class:`RegionWeights` (an
-engine's weight source from it) and, in the engine's processes, :func:`wait_for` and
-:func:`file_source` (each file once it is whole: this library's vLLM loader awaits each one
-by its name, so the first engine streams while the pull goes on). The pull is
+This module is the region as its holders see it: :class:`NodeWeights` (a process's hold on
+the node's region: made if new, within the node's memory) and :class:`RegionWeights` (an
+engine's weight source from it). The engine's processes read it through
+:mod:`ray_stream_llm.weights.reading` (each file once it is whole). The pull is
 :mod:`ray_stream_llm.weights.pull`; the region's holders, its keeper and its warm time are
 :mod:`ray_stream_llm.weights.lifetime`; its marks are :mod:`ray_stream_llm.weights.marks`.
 """
@@ -26,14 +25,13 @@ import json
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ray_stream_llm.errors import InvalidSettingError, WeightSharingError
 from ray_stream_llm.stores import ObjectInfo, StoreDeadline
-from ray_stream_llm.uri import ModelURI, parse_model_uri
+from ray_stream_llm.uri import ModelURI
 from ray_stream_llm.weights import memory
 from ray_stream_llm.weights.lifetime import (
     add_ref,
@@ -50,16 +48,12 @@ from ray_stream_llm.weights.marks import (
     FAILED,
     UNSHARED,
     WARM_UNTIL,
-    budget,
     done,
-    marker,
     objects_of,
 )
 from ray_stream_llm.weights.pull import (
     fail,
     finished_pull,
-    pull_error,
-    pull_timeout,
     start_pull,
     unshared,
 )
@@ -144,25 +138,6 @@ def region_for(uri: ModelURI, objects: tuple[ObjectInfo, ...], base: str) -> Pat
     )
     key = hashlib.sha256(fingerprint.encode()).hexdigest()[:16]
     return Path(base) / _node_id() / key
-
-
-def region_of_dir(directory: str | os.PathLike[str]) -> Path | None:
-    """The region at ``directory`` (it holds the region's marker), or None. Keyed on the
-    directory itself, whatever string named it (relative, ``~``, ``..``)."""
-    try:
-        path = Path(os.path.realpath(os.path.expanduser(os.fspath(directory))))
-        return path if (path / CREATED).is_file() else None
-    except (OSError, ValueError):
-        return None
-
-
-def planned_files(directory: str | os.PathLike[str]) -> list[str] | None:
-    """The weight files of the region at ``directory``, in the order its marker lists them
-    (the store's listing the stage actor planned from), or None where it is no region."""
-    region = region_of_dir(directory)
-    if region is None:
-        return None
-    return [str(region / obj.path) for obj in objects_of(region)]
 
 
 def is_memory_backed(path: Path) -> bool:
@@ -377,47 +352,3 @@ class RegionWeights:
         if not self._released:
             self._released = True
             self.node.release()  # the node's last engine removes the region (or keeps it warm)
-
-
-def file_source(region: str | Path, name: str) -> tuple[str, float]:
-    """In the engine's process: what to stream for the weight file ``name`` of ``region``
-    (the directory vLLM was given) once it may be read, and the seconds waited: the whole
-    file (:func:`wait_for`), or its object in the store when 'auto' gave the region up
-    before pulling it (the URI made from the region's marker)."""
-    region = Path(region)
-    waited = wait_for(region, name)
-    if done(region, name):
-        return str(region / name), waited
-    return parse_model_uri(marker(region)["uri"]).object_uri(name), waited
-
-
-def wait_for(region: str | Path, name: str, timeout: float | None = None) -> float:
-    """In the engine's process: block until the weight file ``name`` of ``region`` is
-    whole (under its name), or the region was given up for the store (:data:`UNSHARED`,
-    'auto' only: see :func:`file_source`); seconds waited. Raises when the pull failed (its
-    typed error: :func:`pull_error`) or the region is gone. The region's holders see that
-    its pull goes on (:meth:`NodeWeights.tend`); this process never pulls. ``timeout``: by
-    default the region's pull timeout (:func:`pull_timeout`)."""
-    region = Path(region)
-    if not (region / CREATED).is_file():
-        raise FileNotFoundError(f"{region} is not a shared region (or it was removed)")
-    objects = objects_of(region)
-    if name not in {o.path for o in objects}:
-        raise FileNotFoundError(f"{name!r} is not a weight file of the shared region {region}")
-    if timeout is None:
-        timeout = pull_timeout(sum(o.size for o in objects), budget(region))
-    begin = time.monotonic()
-    while not done(region, name):
-        if (region / UNSHARED).exists():
-            break
-        if (error := pull_error(region)) is not None:  # None: no failure mark
-            raise error
-        if not (region / CREATED).exists():
-            raise FileNotFoundError(f"the shared region {region} was removed while {name} waited")
-        if time.monotonic() - begin > timeout:
-            raise TimeoutError(
-                f"{region / name} not complete after {timeout:.0f}s (the pull's budget for "
-                "its size)"
-            )
-        time.sleep(0.05)
-    return time.monotonic() - begin

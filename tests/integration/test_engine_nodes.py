@@ -101,7 +101,7 @@ def test_a_cpu_only_node_pulls_nothing(s3_server, s3_env, tiny_models, base, wor
                 from ray_stream_llm.integrations.ray import udfs
                 from ray_stream_llm.plan import Plan
                 from ray_stream_llm.uri import parse_model_uri
-                from ray_stream_llm.weights.region import wait_for
+                from ray_stream_llm.weights.reading import wait_for
 
                 self.can_host = sharing.node_can_host_an_engine()
                 self.accel_can_host = accel.node_can_host_an_engine()

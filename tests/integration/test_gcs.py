@@ -173,7 +173,7 @@ def test_a_weight_replaced_after_the_listing_is_never_pulled_into_the_region(
 
     from ray_stream_llm.fetch import fetch_metadata_report
     from ray_stream_llm.uri import parse_model_uri
-    from ray_stream_llm.weights import marks
+    from ray_stream_llm.weights import marks, reading
     from ray_stream_llm.weights import region as node_weights
 
     uri = f"gs://{BUCKET}/changed/{os.urandom(4).hex()}/"
@@ -193,7 +193,7 @@ def test_a_weight_replaced_after_the_listing_is_never_pulled_into_the_region(
         weights = node_weights.NodeWeights(parse_model_uri(uri), (obj,), sharing)
         region = Path(weights.acquire() or "")
         with pytest.raises(ObjectChangedError) as err:  # the pull's class, in the waiter
-            node_weights.wait_for(region, obj.path, timeout=15)
+            reading.wait_for(region, obj.path, timeout=15)
         message = str(err.value)
         assert message.startswith("the shared pull of the weights failed: "), message
         assert repr(obj.path) in message, message

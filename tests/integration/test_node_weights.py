@@ -22,9 +22,9 @@ from ray_stream_llm.fetch import fetch_metadata_report
 from ray_stream_llm.stores import ObjectInfo
 from ray_stream_llm.tools.link import Link
 from ray_stream_llm.uri import parse_model_uri
-from ray_stream_llm.weights import lifetime, marks, pull
-from ray_stream_llm.weights import region as node_weights
-from ray_stream_llm.weights.region import NodeWeights, Sharing, wait_for
+from ray_stream_llm.weights import lifetime, marks, pull, reading
+from ray_stream_llm.weights.reading import wait_for
+from ray_stream_llm.weights.region import NodeWeights, Sharing
 
 pytestmark = [pytest.mark.s3]
 
@@ -88,10 +88,10 @@ def test_each_weight_source_gives_vllm_its_weights_and_lets_go(
     region = Path(shared.model_weights)
     assert (region.parent.parent, shared.sharing, shared.fills_while_read) == (base, "node", True)
     assert shared.prepare() is shared
-    files = node_weights.planned_files(region)  # what the loader streams, file by file
+    files = reading.planned_files(region)  # what the loader streams, file by file
     assert files == [str(region / o.path) for o in fetched.weight_objects]
     for path in files:
-        node_weights.wait_for(region, Path(path).name, timeout=120)
+        reading.wait_for(region, Path(path).name, timeout=120)
         assert Path(path).read_bytes() == (model.local / Path(path).name).read_bytes()
     assert shared.sizes() == {str(region / o.path): o.size for o in fetched.weight_objects}
     assert shared.pull()["bytes"] == sum(o.size for o in fetched.weight_objects)
@@ -139,7 +139,8 @@ def test_two_processes_share_one_pull(s3_server, s3_env, tiny_models, base, spaw
     code = textwrap.dedent(f"""
         import sys, time
         from ray_stream_llm.fetch import fetch_metadata_report
-        from ray_stream_llm.weights.region import NodeWeights, Sharing, wait_for
+        from ray_stream_llm.weights.reading import wait_for
+        from ray_stream_llm.weights.region import NodeWeights, Sharing
         from ray_stream_llm.uri import parse_model_uri
         report = fetch_metadata_report({model.uri!r})
         w = NodeWeights(parse_model_uri(report.uri), report.weight_objects,
@@ -299,7 +300,8 @@ def test_two_ray_nodes_pull_once_each_and_clean_up(
             def __init__(self, uri_text, base_dir):
                 from ray_stream_llm.fetch import fetch_metadata_report
                 from ray_stream_llm.uri import parse_model_uri
-                from ray_stream_llm.weights.region import NodeWeights, Sharing, wait_for
+                from ray_stream_llm.weights.reading import wait_for
+                from ray_stream_llm.weights.region import NodeWeights, Sharing
 
                 report = fetch_metadata_report(uri_text)
                 self.weights = NodeWeights(

@@ -94,7 +94,7 @@ def _users(cluster, env, uri, base, nodes=NODES):
             return self.region, ray.get_runtime_context().get_node_id()
 
         def wait(self):
-            from ray_stream_llm.weights.region import wait_for
+            from ray_stream_llm.weights.reading import wait_for
 
             for o in self.objects:
                 wait_for(self.region, o.path, timeout=300)

@@ -38,9 +38,9 @@ from ray_stream_llm.integrations.vllm import shm
 from ray_stream_llm.manifest import inspect_model
 from ray_stream_llm.tools.link import Link
 from ray_stream_llm.uri import parse_model_uri
-from ray_stream_llm.weights import lifetime, marks, memory, pull
-from ray_stream_llm.weights import region as node_weights
-from ray_stream_llm.weights.region import NodeWeights, Sharing, wait_for
+from ray_stream_llm.weights import lifetime, marks, memory, pull, reading
+from ray_stream_llm.weights.reading import wait_for
+from ray_stream_llm.weights.region import NodeWeights, Sharing
 
 pytestmark = [pytest.mark.s3]
 
@@ -137,21 +137,21 @@ def test_a_region_is_known_by_its_marker_and_lists_its_planned_files(base, tmp_p
     region = base / "node" / "key"
     region.mkdir(parents=True)
     (region / "b.safetensors").write_bytes(b"")
-    assert node_weights.region_of_dir(region) is None  # no marker yet
-    assert node_weights.planned_files(region) is None
+    assert reading.region_of_dir(region) is None  # no marker yet
+    assert reading.planned_files(region) is None
     objects = [
         {"path": p, "key": f"m/{p}", "size": 0, "etag": "x"}
         for p in ("b.safetensors", "a.safetensors")
     ]
     (region / marks.CREATED).write_text(json.dumps({"objects": objects}))
     for spelling in (str(region), str(region / ".." / "key"), os.path.relpath(region)):
-        assert node_weights.region_of_dir(spelling) == region, spelling
+        assert reading.region_of_dir(spelling) == region, spelling
         # the marker's order and names, not what a glob of the directory finds
-        assert node_weights.planned_files(spelling) == [
+        assert reading.planned_files(spelling) == [
             str(region / "b.safetensors"),
             str(region / "a.safetensors"),
         ]
-    assert node_weights.region_of_dir(tmp_path) is None
+    assert reading.region_of_dir(tmp_path) is None
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,8 @@ from helpers.waiting import wait_until
 from ray_stream_llm.fetch import fetch_metadata_report
 from ray_stream_llm.uri import parse_model_uri
 from ray_stream_llm.weights import marks, pull
-from ray_stream_llm.weights.region import NodeWeights, Sharing, wait_for
+from ray_stream_llm.weights.reading import wait_for
+from ray_stream_llm.weights.region import NodeWeights, Sharing
 
 pytestmark = [pytest.mark.s3]
 

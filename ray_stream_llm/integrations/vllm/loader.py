@@ -9,7 +9,7 @@ weight loading stay in charge. What they add:
 - **A node's shared region, file by file.** When ``model_weights`` is a region (its
   directory holds the region's marker, written by the engine's own stage actor), the files
   are the ones the marker lists, in that order, and each is streamed once it is whole
-  under its name in that directory (:func:`~ray_stream_llm.weights.region.file_source`:
+  under its name in that directory (:func:`~ray_stream_llm.weights.reading.file_source`:
   or from the store, its URI made from the marker's, where ``'auto'`` gave the region up).
   The pull renames a file to its name only when it is whole, so nothing can read one that
   is still being written.
@@ -42,7 +42,7 @@ from ray_stream_llm.files import write_whole
 from ray_stream_llm.integrations.vllm import checksums
 from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV, tensor_parallel_rank
 from ray_stream_llm.weights.marks import objects_of
-from ray_stream_llm.weights.region import file_source, planned_files, region_of_dir, wait_for
+from ray_stream_llm.weights.reading import file_source, planned_files, region_of_dir, wait_for
 
 # The streamer's tuning, as the streaming process sees it (vLLM applies its
 # model_loader_extra_config to this process's environment before it streams).
@@ -170,7 +170,7 @@ def stream_weights(
     streamer in one session; without the tensors ``unused`` names (a newer vLLM's weights a
     model does not use). ``region``: the node's region (the directory vLLM was given), and
     ``files`` the names of its weight files: each is awaited and streamed once whole, one
-    at a time (:func:`~ray_stream_llm.weights.region.file_source`)."""
+    at a time (:func:`~ray_stream_llm.weights.reading.file_source`)."""
     from runai_model_streamer import SafetensorsStreamer
 
     owned = _owned_tensors()

@@ -372,7 +372,7 @@ CHILD = textwrap.dedent(
     from ray_stream_llm.errors import WeightSharingError
     from ray_stream_llm.weights import memory
     from ray_stream_llm.weights import memory, pull
-    from ray_stream_llm.weights import region as node_weights
+    from ray_stream_llm.weights import reading
     from ray_stream_llm.weights.region import NodeWeights, Sharing
     from ray_stream_llm.stores import ObjectInfo
     from ray_stream_llm.uri import parse_model_uri
@@ -419,7 +419,7 @@ CHILD = textwrap.dedent(
         (other / ".created").write_text(json.dumps({"objects": planned}))
         out["started"] = pull.start_pull(region, uri, objects(100 * MiB)) is not None
         try:
-            node_weights.wait_for(region, "model.safetensors")
+            reading.wait_for(region, "model.safetensors")
         except Exception as exc:
             out["waiter"] = f"{type(exc).__name__}: {exc}"
     else:

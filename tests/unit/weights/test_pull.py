@@ -29,7 +29,7 @@ from ray_stream_llm.errors import ModelNotFoundError, ObjectChangedError, RayStr
 from ray_stream_llm.files import try_locked, write_whole
 from ray_stream_llm.weights.marks import CREATED, FAILED, failure
 from ray_stream_llm.weights.pull import fail, finished_pull, pull_error, pull_status
-from ray_stream_llm.weights.region import wait_for
+from ray_stream_llm.weights.reading import wait_for
 
 NAME = "model.safetensors"
 PREFIX = "the shared pull of the weights failed: "

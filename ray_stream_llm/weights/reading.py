@@ -1,0 +1,82 @@
+"""The node's region as the engine's processes read it: they never hold it and never pull.
+
+vLLM's processes are given the region as ``model_weights``; this library's loader
+(``integrations/vllm/loader.py``) knows it by its marker (:func:`region_of_dir`), reads the
+files the stage actor planned, in their order (:func:`planned_files`), and awaits each one
+by its name until it is whole (:func:`wait_for`, :func:`file_source`), so the first engine
+streams while the pull goes on. The region's holders (``weights/region.py``) see that the
+pull goes on; a pull that fails fails every waiter with its typed error.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from ray_stream_llm.uri import parse_model_uri
+from ray_stream_llm.weights.marks import CREATED, UNSHARED, budget, done, marker, objects_of
+from ray_stream_llm.weights.pull import pull_error, pull_timeout
+
+
+def region_of_dir(directory: str | os.PathLike[str]) -> Path | None:
+    """The region at ``directory`` (it holds the region's marker), or None. Keyed on the
+    directory itself, whatever string named it (relative, ``~``, ``..``)."""
+    try:
+        path = Path(os.path.realpath(os.path.expanduser(os.fspath(directory))))
+        return path if (path / CREATED).is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
+def planned_files(directory: str | os.PathLike[str]) -> list[str] | None:
+    """The weight files of the region at ``directory``, in the order its marker lists them
+    (the store's listing the stage actor planned from), or None where it is no region."""
+    region = region_of_dir(directory)
+    if region is None:
+        return None
+    return [str(region / obj.path) for obj in objects_of(region)]
+
+
+def file_source(region: str | Path, name: str) -> tuple[str, float]:
+    """In the engine's process: what to stream for the weight file ``name`` of ``region``
+    (the directory vLLM was given) once it may be read, and the seconds waited: the whole
+    file (:func:`wait_for`), or its object in the store when 'auto' gave the region up
+    before pulling it (the URI made from the region's marker)."""
+    region = Path(region)
+    waited = wait_for(region, name)
+    if done(region, name):
+        return str(region / name), waited
+    return parse_model_uri(marker(region)["uri"]).object_uri(name), waited
+
+
+def wait_for(region: str | Path, name: str, timeout: float | None = None) -> float:
+    """In the engine's process: block until the weight file ``name`` of ``region`` is
+    whole (under its name), or the region was given up for the store (:data:`UNSHARED`,
+    'auto' only: see :func:`file_source`); seconds waited. Raises when the pull failed (its
+    typed error: :func:`pull_error`) or the region is gone. The region's holders see that
+    its pull goes on (:meth:`NodeWeights.tend`); this process never pulls. ``timeout``: by
+    default the region's pull timeout (:func:`pull_timeout`)."""
+    region = Path(region)
+    if not (region / CREATED).is_file():
+        raise FileNotFoundError(f"{region} is not a shared region (or it was removed)")
+    objects = objects_of(region)
+    if name not in {o.path for o in objects}:
+        raise FileNotFoundError(f"{name!r} is not a weight file of the shared region {region}")
+    if timeout is None:
+        timeout = pull_timeout(sum(o.size for o in objects), budget(region))
+    begin = time.monotonic()
+    while not done(region, name):
+        if (region / UNSHARED).exists():
+            break
+        if (error := pull_error(region)) is not None:  # None: no failure mark
+            raise error
+        if not (region / CREATED).exists():
+            raise FileNotFoundError(f"the shared region {region} was removed while {name} waited")
+        if time.monotonic() - begin > timeout:
+            raise TimeoutError(
+                f"{region / name} not complete after {timeout:.0f}s (the pull's budget for "
+                "its size)"
+            )
+        time.sleep(0.05)
+    return time.monotonic() - begin
