@@ -165,15 +165,6 @@ def is_weight_file(path: str) -> bool:
     return classify(path) in (FileRole.STREAMABLE_WEIGHTS, FileRole.OTHER_WEIGHTS)
 
 
-def select_metadata(paths: Iterable[str]) -> list[str]:
-    """The metadata files among ``paths``, sorted.
-
-    >>> select_metadata(["model.safetensors", "config.json", "original/tokenizer.model"])
-    ['config.json']
-    """
-    return sorted(p for p in paths if classify(p) is FileRole.METADATA)
-
-
 def require_metadata(
     uri: str, paths: Iterable[str], required: Iterable[str] = REQUIRED_METADATA
 ) -> None:

@@ -332,8 +332,6 @@ class RegionWeights:
     def sharing(self) -> str:
         return "node"
 
-    fills_while_read = True
-
     def prepare(self) -> WeightSource:
         self.node.tend(now=True)  # the pull asked for again with each attempt
         why = unshared(self.region)

@@ -46,16 +46,10 @@ class WeightSource(Protocol):
         """The load report's ``weight_sharing``: ``"node"``, ``"off"`` or ``"off: <why>"``."""
         ...
 
-    @property
-    def fills_while_read(self) -> bool:
-        """Whether files may be read before they are complete (the engine's processes then
-        await each one)."""
-        ...
-
     def prepare(self) -> WeightSource:
         """Before each start attempt: the source to start from (itself, or the one it gives
-        itself up for). A source that fills while read is read only through this library's
-        loader, which awaits each file (the engine actor fails closed without it)."""
+        itself up for). A region is read only through this library's loader, which awaits
+        each file (the engine actor fails closed without it)."""
         ...
 
     def sizes(self) -> dict[str, int]:

@@ -26,8 +26,6 @@ class StoreWeights:
     def sharing(self) -> str:
         return self._sharing
 
-    fills_while_read = False
-
     def prepare(self) -> WeightSource:
         return self
 

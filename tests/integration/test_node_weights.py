@@ -80,13 +80,13 @@ def test_each_weight_source_gives_vllm_its_weights_and_lets_go(
     uri = parse_model_uri(model.uri)
     fetched = fetch_metadata_report(model.uri)
     store = source.acquire(uri, fetched, None)
-    assert (store.model_weights, store.sharing, store.fills_while_read) == (model.uri, "off", False)
+    assert (store.model_weights, store.sharing) == (model.uri, "off")
     assert store.prepare() is store and store.pull() is None
     assert store.sizes() == dict(fetched.streamable)
 
     shared = source.acquire(uri, fetched, Sharing("node", base=str(base)))
     region = Path(shared.model_weights)
-    assert (region.parent.parent, shared.sharing, shared.fills_while_read) == (base, "node", True)
+    assert (region.parent.parent, shared.sharing) == (base, "node")
     assert shared.prepare() is shared
     files = reading.planned_files(region)  # what the loader streams, file by file
     assert files == [str(region / o.path) for o in fetched.weight_objects]

@@ -11,7 +11,7 @@ import pytest
 from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig, streaming_load_format
 from ray_stream_llm.errors import InvalidModelURIError, UnsupportedLoadFormatError
 from ray_stream_llm.fetch import default_metadata_dir
-from ray_stream_llm.patterns import FileRole, classify, select_metadata
+from ray_stream_llm.patterns import FileRole, classify
 from ray_stream_llm.uri import looks_like_uri, parse_model_uri
 
 
@@ -123,11 +123,6 @@ def test_classify_table():
         # sub/x.safetensors: vLLM lists the top level only, so a nested one is not streamed
         [W, W, O, O, O, O, O, O, O, O, O, O, O] + [M] * 18 + [X] * 7,
     )
-
-
-def test_select_metadata_never_weights():
-    paths = ["model.safetensors", "pytorch_model.bin", "config.json", "consolidated.00.pth"]
-    assert select_metadata(paths) == ["config.json"]
 
 
 @pytest.mark.parametrize(
