@@ -241,7 +241,7 @@ class NodeWeights:
         :data:`TEND_S` while this process holds the region and it is incomplete; it stops
         at the pull's end, its failure (a new :meth:`tend`, the engine's next start attempt,
         asks again: the pull starts over from the ranges it had) or the release. ``now``:
-        ask once in this thread first (an engine's start attempt: an earlier attempt's
+        ask once in this thread first (an engine's start attempt after a failed pull: the
         failure mark is gone before vLLM starts). A puller that raises (no node agent took
         the request) fails the pull with a typed error."""
         if now:
@@ -333,7 +333,9 @@ class RegionWeights:
         return "node"
 
     def prepare(self) -> WeightSource:
-        self.node.tend(now=True)  # the pull asked for again with each attempt
+        # the pull asked for again with each attempt; after a failed pull, in this thread,
+        # so that vLLM's processes, started next, never read that attempt's failure mark
+        self.node.tend(now=(Path(self.region) / FAILED).exists())
         why = unshared(self.region)
         if why is None:
             return self

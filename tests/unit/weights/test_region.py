@@ -13,6 +13,7 @@ from ray_stream_llm.errors import WeightSharingError
 from ray_stream_llm.stores import ObjectInfo
 from ray_stream_llm.uri import parse_model_uri
 from ray_stream_llm.weights import region as region_module
+from ray_stream_llm.weights.marks import FAILED
 from ray_stream_llm.weights.pull import pull_error
 from ray_stream_llm.weights.region import NodeWeights, Sharing
 
@@ -73,3 +74,17 @@ def test_a_released_holder_stops_asking(weights):
     wait_until(lambda: len(weights.calls) >= 1, 10, "the puller was never asked")
     weights.release()
     wait_until(lambda: weights._tending is None, 10, "the released holder still asks")
+
+
+def test_an_attempt_after_a_failed_pull_asks_before_it_returns(weights):
+    """An engine's start attempt after a failed pull (``tend(now=True)``) asks its puller in
+    its own thread: when it returns, the puller has cleared the failure mark (as the agent's
+    ``start_pull`` does when it claims the pull), before vLLM's processes could read it."""
+    region = Path(weights.acquire())
+    wait_until(lambda: weights.calls, 10, "the puller was never asked")
+    (region / FAILED).write_text("{}")  # the attempt before failed
+    wait_until(lambda: weights._tending is None, 10, "the holder asks on after a failure")
+    weights.puller = lambda r: (weights.calls.append(r), (r / FAILED).unlink())
+    asked = len(weights.calls)
+    weights.tend(now=True)
+    assert len(weights.calls) > asked and not (region / FAILED).exists()
