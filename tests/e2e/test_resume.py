@@ -1,11 +1,12 @@
 """Long jobs made resumable (issue 35 item 1), on real parts: SeaweedFS, vLLM's CPU build,
 a real local Ray, Ray Data's own job checkpointing (``CheckpointConfig``, Ray >= 2.54).
 
-- A job (``read_json`` of 12 files -> the library's processor -> ``write_parquet``) whose
-  driver is SIGKILLed once its first output file reads whole, then run again with the same
-  command in a fresh HOME: every id is written exactly once across both runs, every output
-  file reads whole (a file the kill cut short is removed by the re-run), the re-run
-  writes fewer rows than the input holds, its engine loads the compiled artifact the
+- A job (``read_json`` of 12 files -> the library's processor -> ``write_parquet`` to the
+  store) whose output goes through a link that holds every output file's PUT after the
+  first, SIGKILLed once Ray Data has committed that first file (so the kill falls between
+  two output files, whatever the machine's speed), then run again with the same command
+  in a fresh HOME, straight to the store: every id is written exactly once across both
+  runs, the re-run writes fewer rows than the input holds, its engine loads the compiled artifact the
   first run shipped to ``compile_cache_uri`` (``compile_cache: hit``), and, with
   ``keep_warm_s``, the node's copy of the weights that the killed job left (whole, held by
   no live process, its keeper killed with its Ray) is adopted by the re-run, which keeps it
@@ -29,6 +30,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -68,23 +70,27 @@ def write_input(root: Path) -> Path:
     return root
 
 
-def output_ids(output: Path) -> dict[str, list[int]]:
-    """The ids of the rows in each Parquet file under ``output`` that reads whole, by name
-    (a kill can land while Ray Data writes a file: such a file has no footer yet)."""
+def output_ids(client: Any, prefix: str) -> dict[str, list[int]]:
+    """The ids of the rows in each Parquet object under ``prefix`` of the store, by name (an
+    object is there once its PUT has ended: whole)."""
+    listed = client.list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/").get("Contents", [])
     return {
-        path.name: pq.read_table(path, columns=["id"]).column("id").to_pylist()
-        for path in sorted(output.glob("*.parquet"))
-        if _whole(path)
+        o["Key"].rsplit("/", 1)[1]: pq.read_table(
+            pa.BufferReader(client.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read()),
+            columns=["id"],
+        )
+        .column("id")
+        .to_pylist()
+        for o in sorted(listed, key=lambda o: o["Key"])
+        if o["Key"].endswith(".parquet")
     }
 
 
-def _whole(path: Path) -> bool:
-    """Whether the Parquet file at ``path`` reads whole (its footer is written)."""
-    try:
-        pq.read_metadata(path)
-    except (OSError, pa.ArrowInvalid):
-        return False
-    return True
+def _committed(checkpoint: Path) -> list[Path]:
+    """The checkpoints Ray Data committed (its two-phase commit renames
+    ``<id>.pending.parquet`` to ``<id>.parquet`` once the task's output file is written)."""
+    found = checkpoint.rglob("*.parquet") if checkpoint.is_dir() else []
+    return [p for p in found if not p.name.endswith(".pending.parquet")]
 
 
 def _group_alive(pgid: int) -> bool:
@@ -141,6 +147,7 @@ def spec_for(
     work: Path,
     run: str,
     model: str,
+    output: str,
     num_cpus: int,
     cache_uri: str | None,
     config: dict | None = None,
@@ -149,7 +156,7 @@ def spec_for(
         "config": config or {},
         "model": model,
         "input": str(work / "input"),
-        "output": str(work / "output"),
+        "output": output,
         "checkpoint": str(work / "checkpoint"),
         "num_cpus": num_cpus,
         "ray_temp_dir": str(work / run / "ray"),
@@ -159,18 +166,18 @@ def spec_for(
 
 
 def kill_at_first_output(
-    proc: subprocess.Popen, run_dir: Path, output: Path
-) -> dict[str, list[int]]:
-    """SIGKILL the job's driver (started by :func:`start_job` in ``run_dir``) once its first
-    output file reads whole (its Ray goes with its session); the ids of each file written
-    whole before the kill."""
+    proc: subprocess.Popen, run_dir: Path, link: TappedLink, checkpoint: Path
+) -> None:
+    """SIGKILL the job's driver (started by :func:`start_job` in ``run_dir``, its output
+    written through ``link``, which holds every output file's PUT after the first) once Ray
+    Data has committed the first file's checkpoint and a second file waits for its PUT:
+    the kill falls between two output files whatever the machine's speed (its Ray goes
+    with its session)."""
     try:
-        # a file that reads whole (its footer written): a file that only appeared may still
-        # be being written, and the kill would leave it truncated (seen once in a clean clone)
         wait_until(
-            lambda: any(_whole(p) for p in output.glob("*.parquet")) or proc.poll() is not None,
+            lambda: (link.held_requests and _committed(checkpoint)) or proc.poll() is not None,
             600,
-            "no whole output file from the first run",
+            "no output file from the first run",
         )
         if proc.poll() is not None:  # the job's own log says why (CI shows the message)
             tail = _log_tail(run_dir)
@@ -184,9 +191,6 @@ def kill_at_first_output(
         if _group_alive(proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)
     wait_until(lambda: not _group_alive(proc.pid), 60, "the killed job's processes linger")
-    files = output_ids(output)
-    assert 0 < sum(map(len, files.values())) < ROWS, files
-    return files
 
 
 @pytest.fixture
@@ -217,15 +221,21 @@ def test_a_killed_job_resumes_warm_on_two_cpus_and_writes_every_id_once(
     write_input(work / "input")
     model = tiny_models["single"].uri
     cache_uri = f"s3://models/compile-cache/{uuid.uuid4().hex[:8]}/"
+    prefix = f"resume-{uuid.uuid4().hex[:8]}"
+    output = f"s3://{BUCKET}/{prefix}"
     config = {"keep_warm_s": 600, "weight_sharing_dir": str(sharing_dir)}
     first_log = AccessLog(s3_server)
-    first = start_job(
-        work / "first",
-        spec_for(work, "first", model, 2, cache_uri, config),
-        s3_server.env(),
-        vllm_modelinfos,
-    )
-    first_files = kill_at_first_output(first, work / "first", work / "output")
+    with TappedLink(s3_server.port) as link:
+        link.hold(rf"^PUT /{BUCKET}/{prefix}/[^ ?]*\.parquet", after=1)
+        first = start_job(
+            work / "first",
+            spec_for(work, "first", model, output, 2, cache_uri, config),
+            link.store_env(s3_server.env()),
+            vllm_modelinfos,
+        )
+        kill_at_first_output(first, work / "first", link, work / "checkpoint")
+    first_files = output_ids(s3_server.client(), prefix)
+    assert 0 < sum(map(len, first_files.values())) < ROWS, first_files
     first_gets = weight_gets(first_log, model)
     assert first_gets, "the first run read the weights from the store"
     # the killed job's engine, and its node's agent (the region's keeper), died with it:
@@ -236,16 +246,13 @@ def test_a_killed_job_resumes_warm_on_two_cpus_and_writes_every_id_once(
     log = AccessLog(s3_server)
     second = start_job(
         work / "second",
-        spec_for(work, "second", model, 2, cache_uri, config),
+        spec_for(work, "second", model, output, 2, cache_uri, config),
         s3_server.env(),
         vllm_modelinfos,
     )
     finish(second, work / "second", 600)
     rerun_gets = weight_gets(log, model)
-    files = output_ids(work / "output")
-    # every file reads whole: one the kill cut short (or wrote whole but never committed)
-    # is removed by the re-run (Ray's two-phase checkpoint: a pending checkpoint names it)
-    assert sorted(files) == sorted(p.name for p in (work / "output").glob("*.parquet"))
+    files = output_ids(s3_server.client(), prefix)
     ids = [i for file_ids in files.values() for i in file_ids]
     rerun_rows = sum(len(v) for name, v in files.items() if name not in first_files)
     assert sorted(ids) == list(range(ROWS)), "every id exactly once across both runs"
