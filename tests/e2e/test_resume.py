@@ -6,12 +6,12 @@ a real local Ray, Ray Data's own job checkpointing (``CheckpointConfig``, Ray >=
   first, SIGKILLed once Ray Data has committed that first file (so the kill falls between
   two output files, whatever the machine's speed), then run again with the same command
   in a fresh HOME, straight to the store: every id is written exactly once across both
-  runs, the re-run writes fewer rows than the input holds, its engine loads the compiled artifact the
-  first run shipped to ``compile_cache_uri`` (``compile_cache: hit``), and, with
-  ``keep_warm_s``, the node's copy of the weights that the killed job left (whole, held by
-  no live process, its keeper killed with its Ray) is adopted by the re-run, which keeps it
-  warm from then on and reads no weight byte from the store. Both runs
-  on a 2-CPU local Ray: both make progress (the small-cluster defaults leave a CPU for the
+  runs, the re-run writes fewer rows than the input holds, its engine loads the compiled
+  artifact the first run shipped to ``compile_cache_uri`` (``compile_cache: hit``), and,
+  with ``keep_warm_s``, the node's copy of the weights that the killed job left (whole,
+  held by no live process, its keeper killed with its Ray) is adopted by the re-run, which
+  keeps it warm from then on and reads no weight byte from the store. Both runs on a 2-CPU
+  local Ray: both make progress (the small-cluster defaults leave a CPU for the
   file read and write around the processor, and, on the re-run, for Ray's
   ``CheckpointFilter`` actor).
 - ``ray-stream-llm run --resume``: killed after its first batch is recorded, run again, it
