@@ -208,8 +208,12 @@ class NodeAgent:
             if self._retiring:
                 return False
             running = self._pulling.get(region)
-            idle = running is None or not running.is_alive()
-            if idle and (thread := pull_with(Path(region), env)) is not None:
+            if running is not None and running.is_alive():
+                return True
+        # outside the lock (a whole region joins its peers' directory: a Ray call); two
+        # requests at once claim it once (the pull lock)
+        if (thread := pull_with(Path(region), env)) is not None:
+            with self._lock:
                 self._pulling[region] = thread
         return True
 
