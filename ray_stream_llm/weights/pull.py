@@ -117,17 +117,11 @@ def pull_with(region: Path, env: Mapping[str, str]) -> threading.Thread | None:
     """In the node's agent: :func:`start_pull` of ``region`` pinned to the objects its
     marker names, the store's clients made under ``env``, the store variables of the actor
     that asked; None also where the region is gone."""
-    planned = _planned(region)
-    return None if planned is None else start_pull(region, *planned, env)
-
-
-def _planned(region: Path) -> tuple[ModelURI, tuple[ObjectInfo, ...]] | None:
-    """The model's URI and the weight objects ``region`` was made for (its marker), or None
-    where it was removed meanwhile or is no region."""
     try:
-        return parse_model_uri(marker(region)["uri"]), objects_of(region)
-    except (OSError, ValueError, KeyError, TypeError):
+        uri, objects = parse_model_uri(marker(region)["uri"]), objects_of(region)
+    except (OSError, ValueError, KeyError, TypeError):  # removed meanwhile
         return None
+    return start_pull(region, uri, objects, env)
 
 
 def _lock_for_pull(region: Path, objects: tuple[ObjectInfo, ...]) -> HeldLock | None:

@@ -49,7 +49,6 @@ from ray_stream_llm.weights.marks import (
     UNSHARED,
     WARM_UNTIL,
     done,
-    objects_of,
 )
 from ray_stream_llm.weights.pull import (
     fail,
@@ -256,13 +255,23 @@ class NodeWeights:
     def _tend(self) -> None:
         while True:
             with self._lock:
-                if self._ref is None or (not self._asked and _settled(self.region)):
+                if self._ref is None or (not self._asked and self._settled()):
                     self._tending = None  # the next tend() starts a new thread
                     return
                 self._asked = False
                 self._wake.clear()
             self._ask()
             self._wake.wait(TEND_S)
+
+    def _settled(self) -> bool:
+        """Whether the region's pull needs no one to ask again: every file whole, the pull
+        failed or was given up for the store, or the region is gone."""
+        region = self.region
+        if not (region / CREATED).exists():
+            return True
+        if (region / FAILED).exists() or (region / UNSHARED).exists():
+            return True
+        return all(done(region, o.path) for o in self.objects)
 
     def _ask(self) -> None:
         try:
@@ -302,18 +311,6 @@ class NodeWeights:
         if ref is None:
             return
         drop_ref(self.region, ref)
-
-
-def _settled(region: Path) -> bool:
-    """Whether ``region``'s pull needs no one to ask again: every file whole, the pull
-    failed or was given up for the store, or the region is gone."""
-    try:
-        objects = objects_of(region)
-    except (OSError, ValueError, KeyError, TypeError):
-        return True
-    if (region / FAILED).exists() or (region / UNSHARED).exists():
-        return True
-    return all(done(region, o.path) for o in objects)
 
 
 class RegionWeights:
