@@ -97,30 +97,32 @@ def objects_of(region: str | Path) -> tuple[ObjectInfo, ...]:
     return tuple(ObjectInfo(**o) for o in meta["objects"])
 
 
-def budget(region: Path) -> float | None:
+def _setting(region: Path, key: str, unreadable: Any = None) -> Any:
+    """The marker's ``key`` (None where it has none), or ``unreadable`` where the marker
+    cannot be read (the region removed meanwhile)."""
     try:
-        value = marker(region).get("timeout_s")
+        return marker(region).get(key)
     except (OSError, ValueError):
-        return None
+        return unreadable
+
+
+def budget(region: Path) -> float | None:
+    value = _setting(region, "timeout_s")
     return float(value) if value is not None else None
 
 
 def required(region: Path) -> bool:
-    try:
-        return bool(marker(region).get("required"))
-    except (OSError, ValueError):
-        return True
+    return bool(_setting(region, "required", unreadable=True))
 
 
 def kv_cache_engines(region: Path) -> int:
-    try:
-        return int(marker(region).get("kv_cache_engines") or 0)
-    except (OSError, ValueError):
-        return 0
+    return int(_setting(region, "kv_cache_engines") or 0)
 
 
 def keep_warm_s(region: Path) -> float:
-    try:
-        return float(marker(region).get("keep_warm_s") or 0.0)
-    except (OSError, ValueError, TypeError):
-        return 0.0
+    return float(_setting(region, "keep_warm_s") or 0.0)
+
+
+def fanout(region: Path) -> int:
+    """The nodes a node serves at once (``weight_peers``); 0: each reads the store."""
+    return int(_setting(region, "peers") or 0)

@@ -50,6 +50,7 @@ from ray_stream_llm.weights.marks import (
     budget,
     done,
     failure,
+    fanout,
     kv_cache_engines,
     marker,
     objects_of,
@@ -100,12 +101,21 @@ def start_pull(
 ) -> threading.Thread | None:
     """Claim the pull of what is missing of ``region`` now (its lock taken, an earlier
     attempt's failure mark cleared: a waiter that starts after this returns never sees it)
-    and run it in a thread, started and returned; None where all is there or someone
-    pulls. ``env``: the store variables the store's clients are made under
-    (``stores.settings.applied``; None: this process's own)."""
-    held = _lock_for_pull(region, objects)
+    and run it in a thread, started and returned; None where all is there or another thread
+    or process pulls. ``env``: the store variables the store's clients are made under
+    (``stores.settings.applied``; None: this process's own). A whole region serves the
+    nodes that join later (kept warm from an earlier Ray session, its peer actors gone with
+    that session: :func:`peers.serve`)."""
+    if all(done(region, o.path) for o in objects):
+        if peers_served := fanout(region):
+            from ray_stream_llm.weights import peers
+
+            peers.serve(region, peers_served)
+        return None
+    held = try_locked(region / ".pull.lock")
     if held is None:
         return None
+    (region / FAILED).unlink(missing_ok=True)  # a new attempt
     thread = threading.Thread(
         target=_pull, args=(region, uri, objects, held, env), daemon=True, name="rsl-pull"
     )
@@ -122,29 +132,6 @@ def pull_with(region: Path, env: Mapping[str, str]) -> threading.Thread | None:
     except (OSError, ValueError, KeyError, TypeError):  # removed meanwhile
         return None
     return start_pull(region, uri, objects, env)
-
-
-def _lock_for_pull(region: Path, objects: tuple[ObjectInfo, ...]) -> HeldLock | None:
-    """The region's pull lock, taken for a new attempt (its failure mark cleared), unless
-    every file is whole (then the region serves the nodes that join later) or another
-    thread or process pulls."""
-    if all(done(region, o.path) for o in objects):
-        _serve_peers(region)
-        return None
-    held = try_locked(region / ".pull.lock")
-    if held is not None:
-        (region / FAILED).unlink(missing_ok=True)  # a new attempt
-    return held
-
-
-def _serve_peers(region: Path) -> None:
-    """A whole region serves the nodes that join later (kept warm from an earlier Ray
-    session, its peer actors gone with that session): :func:`peers.serve`."""
-    with contextlib.suppress(OSError, ValueError, TypeError):
-        if fanout := int(marker(region).get("peers") or 0):
-            from ray_stream_llm.weights import peers
-
-            peers.serve(region, fanout)
 
 
 def _changed(listed: dict[str, ObjectInfo], objects: tuple[ObjectInfo, ...]) -> list[str]:
@@ -266,10 +253,11 @@ def _pull(
 
     started = time.time()
     pulled = 0
+    size = sum(o.size for o in objects)
     try:
         if problem := memory.memory_problem(
             region.parent.parent,
-            sum(o.size for o in objects),
+            size,
             region=region,
             kv_cache_engines=kv_cache_engines(region),
         ):
@@ -280,7 +268,7 @@ def _pull(
                 return
             raise WeightSharingError(message)
         deadline = StoreDeadline(  # a store down between ranges is waited out, then resumed
-            pull_timeout(sum(o.size for o in objects), budget(region)), wait_out_outages=True
+            pull_timeout(size, budget(region)), wait_out_outages=True
         )
         client = None
         if env is not None:  # the asking actor's store settings, while the client is made
@@ -312,10 +300,10 @@ def _pull(
 
         read: Read = store_read
         peer = None
-        if missing and marker(region).get("peers"):
+        if missing and (peers_served := fanout(region)):
             from ray_stream_llm.weights import peers
 
-            peer = peers.join(region, store_read, int(marker(region)["peers"]))
+            peer = peers.join(region, store_read, peers_served)
             read = peer or store_read
         with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
             expected = peer.digest if peer else None
