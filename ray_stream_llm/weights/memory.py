@@ -26,14 +26,13 @@ a tmpfs (``/dev/shm``) count against the cgroup of the process that wrote them. 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ray_stream_llm.weights.marks import CREATED, partial
+from ray_stream_llm.weights.marks import objects_of, partial
 
 logger = logging.getLogger(__name__)
 
@@ -240,8 +239,7 @@ def _region_bytes(region: Path) -> tuple[int, int] | None:
     objects: a whole file (under its name) is all present, a partial one what it holds;
     None where it has no readable marker (being made or removed)."""
     try:
-        objects = json.loads((region / CREATED).read_text())["objects"]
-        sizes = {str(o["path"]): int(o["size"]) for o in objects}
+        sizes = {o.path: o.size for o in objects_of(region)}
     except (OSError, ValueError, KeyError, TypeError):
         return None
     present = 0
@@ -415,13 +413,6 @@ def available_for_engine(base: Path) -> tuple[int, str]:
 # The streamer's CPU buffer
 
 
-def _user_streamer_limit(engine_kwargs: dict[str, Any]) -> str | None:
-    extra = engine_kwargs.get("model_loader_extra_config")
-    if isinstance(extra, dict) and extra.get("memory_limit") is not None:
-        return str(extra["memory_limit"])
-    return os.environ.get(STREAMER_LIMIT_ENV)
-
-
 def actor_memory_budget(levels: list[CgroupLevel] | None = None) -> tuple[int, str, bool] | None:
     """The memory this actor may use: Ray's ``memory`` resource assigned to it (per actor),
     else the tightest cgroup limit (shared by every engine under it); None when neither
@@ -513,7 +504,9 @@ def streamer_memory_limit(
     engine's processes inherit and the load report's streamer settings show). Returns it,
     or None when the user chose or nothing bounds the actor."""
     env: Any = os.environ if environ is None else environ
-    if _user_streamer_limit(engine_kwargs) is not None or env.get(STREAMER_LIMIT_ENV):
+    extra = engine_kwargs.get("model_loader_extra_config")
+    chosen = isinstance(extra, dict) and extra.get("memory_limit") is not None
+    if chosen or STREAMER_LIMIT_ENV in os.environ or env.get(STREAMER_LIMIT_ENV):
         return None
     budget = actor_memory_budget(levels)
     if budget is None:
