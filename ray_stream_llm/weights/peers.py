@@ -112,23 +112,24 @@ class Directory:
             return None, None
         return self._parent_for(node)
 
-    def lost(self, node: str, peer: str) -> tuple[str | None, Any]:
-        """``node`` could not read from ``peer``: ``peer`` leaves the tree (its children
-        are given new parents when they ask), ``node`` gets another parent or the store."""
-        self.members.pop(peer, None)
+    def _drop(self, node: str) -> None:
+        """``node`` leaves the tree; its children are given new parents when they ask."""
+        self.members.pop(node, None)
         for member in self.members.values():
-            if member["parent"] == peer:
+            if member["parent"] == node:
                 member["parent"] = None
+
+    def lost(self, node: str, peer: str) -> tuple[str | None, Any]:
+        """``node`` could not read from ``peer``: ``peer`` leaves the tree, ``node`` gets
+        another parent or the store."""
+        self._drop(peer)
         if node not in self.members:
             return None, None
         return self._parent_for(node)
 
     def leave(self, node: str) -> None:
         """``node``'s region is gone; the directory ends with its last node."""
-        self.members.pop(node, None)
-        for member in self.members.values():
-            if member["parent"] == node:
-                member["parent"] = None
+        self._drop(node)
         if not self.members:
             import ray
 
@@ -241,52 +242,51 @@ class PeerRead:
         record = {"node": self.node[:16], "server_pid": self.server_pid, **self.status()}
         write_whole(self.region / ".peer.json", json.dumps(record))
 
-    def __call__(self, name: str, start: int, end: int) -> bytes:
+    def _from_parent(self, call: Callable[[Any, str], Any]) -> tuple[str, Any] | None:
+        """``call(agent, region)`` of this node's parent, awaited: the parent and its answer;
+        a parent that dies, fails or stalls is replaced (:meth:`_replace`) and the next one
+        asked. None once this node reads the store."""
         import ray
 
         while True:
             with self.lock:
                 parent, server, generation = self.parent, self.server, self.generation
             if parent is None:
-                data = self.store_read(name, start, end)
-                with self.lock:
-                    self.store_bytes += len(data)
-                return data
+                return None
             try:
                 agent, served = server
-                data = ray.get(agent.read.remote(served, name, start, end), timeout=STALL_S + 30)
+                return parent, ray.get(call(agent, served), timeout=STALL_S + 30)
             except Exception as exc:  # the peer died, failed or stalled: another source
                 self._replace(parent, generation, exc)
-                continue
-            with self.lock:
+
+    def __call__(self, name: str, start: int, end: int) -> bytes:
+        served = self._from_parent(
+            lambda agent, region: agent.read.remote(region, name, start, end)
+        )
+        data = served[1] if served else self.store_read(name, start, end)
+        with self.lock:
+            if served:
                 self.peer_bytes += len(data)
-            return data
+            else:
+                self.store_bytes += len(data)
+        return data
 
     def digest(self, name: str) -> tuple[str, str] | None:
         """The sha256 of ``name`` as the node this one copies from recorded it, and that
         node (for the check of what was copied); None when this node reads the store (its
         ETag, and MD5 where the ETag is one, are checked instead) or no peer can vouch for
-        it any more (the peers' directory is gone: a warning says so)."""
-        import ray
-
-        while True:
-            with self.lock:
-                parent, server, generation = self.parent, self.server, self.generation
-            if parent is None:
-                if self.peer_bytes:
-                    logger.warning(
-                        "%s: part of it came from a peer that is gone, and no other peer "
-                        "can vouch for it; checked by size (and MD5 where the ETag is one)",
-                        name,
-                    )
-                return None
-            try:
-                agent, served = server
-                found = ray.get(agent.digest.remote(served, name), timeout=STALL_S + 30)
-            except Exception as exc:  # the peer died or failed: any other holds the same
-                self._replace(parent, generation, exc)
-                continue
-            return str(found), f"peer node {parent[:16]}"
+        it any more (the peers' directory is gone: a warning says so). Any peer holds the
+        same digest: one that dies or fails is replaced."""
+        found = self._from_parent(lambda agent, region: agent.digest.remote(region, name))
+        if found is None:
+            if self.peer_bytes:
+                logger.warning(
+                    "%s: part of it came from a peer that is gone, and no other peer "
+                    "can vouch for it; checked by size (and MD5 where the ETag is one)",
+                    name,
+                )
+            return None
+        return str(found[1]), f"peer node {found[0][:16]}"
 
     def attach(self, fanout: int) -> None:
         """Join the tree beside the pull (this node was alone in its cluster when its pull
@@ -384,8 +384,7 @@ def join(
     region: Path, store_read: Callable[[str, int, int], bytes], fanout: int
 ) -> PeerRead | None:
     """In a Ray worker pulling ``region``: the region served by this node's agent, the tree
-    joined;
-    the reads to pull with, or None (not in Ray, or Ray refused: the store, as without
+    joined; the reads to pull with, or None (not in Ray, or Ray refused: the store, as without
     peers). A node alone in its cluster reads the store at once and joins beside its pull
     (:meth:`PeerRead.attach`): the directory and its server are there for the nodes that
     join later."""
