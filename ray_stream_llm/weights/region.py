@@ -317,6 +317,8 @@ class RegionWeights:
     """An engine's weights from the node's shared region, filled by the node's one pull
     (a :class:`~ray_stream_llm.weights.source.WeightSource`)."""
 
+    sharing = "node"
+
     def __init__(self, uri: ModelURI, fetched: FetchReport, node: NodeWeights, region: str):
         self.uri, self.fetched, self.node, self.region = uri, fetched, node, region
         self._released = False
@@ -324,10 +326,6 @@ class RegionWeights:
     @property
     def model_weights(self) -> str:
         return self.region
-
-    @property
-    def sharing(self) -> str:
-        return "node"
 
     def prepare(self) -> WeightSource:
         # the pull asked for again with each attempt; after a failed pull, in this thread,

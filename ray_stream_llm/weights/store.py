@@ -16,15 +16,11 @@ class StoreWeights:
     """Every file streamed from the store."""
 
     def __init__(self, uri: ModelURI, fetched: FetchReport, sharing: str = "off"):
-        self.uri, self.fetched, self._sharing = uri, fetched, sharing
+        self.uri, self.fetched, self.sharing = uri, fetched, sharing
 
     @property
     def model_weights(self) -> str:
         return str(self.uri)
-
-    @property
-    def sharing(self) -> str:
-        return self._sharing
 
     def prepare(self) -> WeightSource:
         return self
