@@ -95,18 +95,13 @@ def _actor_holds(ref: Path, actor_alive: ActorAlive | None) -> bool:
     return actor_alive(ref.name.removeprefix("actor-"))
 
 
-def _actor_id() -> str | None:
-    """This process's Ray actor id, None outside an actor (the driver, a task, no Ray)."""
-    import ray
-
-    return ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
-
-
 def add_ref(region: Path) -> Path:
     """This holder's mark in ``region`` (under :func:`region_lock`), written whole: in a Ray
     actor ``actor-<id>`` holding its raylet's (its parent's) pid and start time, else
-    ``<pid>-<start time>``."""
-    actor = _actor_id()
+    ``<pid>-<start time>`` (the driver, a task, no Ray)."""
+    import ray
+
+    actor = ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
     if actor is None:
         ref = region / ".refs" / f"{os.getpid()}-{_proc_start(os.getpid())}"
         ref.touch()
