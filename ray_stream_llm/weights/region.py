@@ -201,7 +201,6 @@ class NodeWeights:
         if self.sharing.base == DEFAULT_BASE and not is_memory_backed(base.parent):
             self._cannot(f"{base.parent} is not memory-backed (tmpfs)")
             return None
-        created = False
         sweep_regions(base, keep=self.region)
         adopted = adopt_warm(self.region)  # the same weights kept warm by an earlier job
         with region_lock(self.region):
@@ -226,8 +225,7 @@ class NodeWeights:
                     "kv_cache_engines": self.sharing.kv_cache_engines,
                 }
                 (self.region / CREATED).write_text(json.dumps(made))
-                created = True
-            if not created and (adopted or (self.region / WARM_UNTIL).exists()):
+            elif adopted or (self.region / WARM_UNTIL).exists():
                 reuse_warm(self.region, self.sharing.keep_warm_s)
             (self.region / WARM_UNTIL).unlink(missing_ok=True)  # in use again
             self._ref = add_ref(self.region)
