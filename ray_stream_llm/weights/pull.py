@@ -134,16 +134,6 @@ def pull_with(region: Path, env: Mapping[str, str]) -> threading.Thread | None:
     return start_pull(region, uri, objects, env)
 
 
-def _changed(listed: dict[str, ObjectInfo], objects: tuple[ObjectInfo, ...]) -> list[str]:
-    """The objects whose size or ETag in the store's listing now is not what the region was
-    made for."""
-    return [
-        o.path
-        for o in objects
-        if (now := listed.get(o.path)) is not None and (now.size, now.etag) != (o.size, o.etag)
-    ]
-
-
 def _md5_of(etag: str) -> str | None:
     """The object's MD5 when its ETag is one (a single-part S3 upload: 32 hex digits)."""
     hexdigits = len(etag) == 32 and all(c in "0123456789abcdefABCDEF" for c in etag)
@@ -285,7 +275,11 @@ def _pull(
                 "store (it was when this job listed the model); upload it again, or run the "
                 "job on the model as it is now"
             )
-        changed = _changed(listed, objects)
+        changed = [
+            o.path
+            for o in objects
+            if (listed[o.path].size, listed[o.path].etag) != (o.size, o.etag)
+        ]
         if changed:
             raise ObjectChangedError(
                 f"{', '.join(repr(p) for p in changed[:5])} of {str(uri)!r} changed in the "
