@@ -7,7 +7,7 @@ actors never load vLLM (:mod:`ray_stream_llm.integrations.ray.engine_stage` has 
 differences).
 Differences are found by feature detection (fields, signatures, attributes), not by
 version tables; the only version test is the supported range itself
-(:func:`check_ray_version`). What differs across the range:
+(:func:`~ray_stream_llm.integrations.ray.version.check_ray_version`). What differs across the range:
 
 - Ray up to 2.52 builds a multimodal stage with ``PrepareImageUDF`` (no model); Ray
   2.53 on with ``PrepareMultimodalUDF`` (model config).
@@ -50,7 +50,7 @@ from ray.llm._internal.batch.processor.vllm_engine_proc import build_vllm_engine
 from ray.llm._internal.batch.stages.chat_template_stage import ChatTemplateUDF
 from ray.llm._internal.batch.stages.tokenize_stage import DetokenizeUDF, TokenizeUDF
 
-from ray_stream_llm.integrations.ray.version import SUPPORTED_RAY, TESTED_RAY, check_ray_version
+from ray_stream_llm.integrations.ray.version import SUPPORTED_RAY
 
 try:  # Ray >= 2.53
     from ray.llm._internal.batch.stages.prepare_multimodal_stage import PrepareMultimodalUDF
@@ -63,9 +63,7 @@ except ImportError:
     PrepareImageUDF = None
 
 
-_FIELDS = vLLMEngineProcessorConfig.model_fields
-HAS_STAGE_CONFIGS = "chat_template_stage" in _FIELDS
-HAS_PLACEMENT_GROUP_CONFIG = "placement_group_config" in _FIELDS
+HAS_PLACEMENT_GROUP_CONFIG = "placement_group_config" in vLLMEngineProcessorConfig.model_fields
 BUILDER_TAKES_MAP_KWARGS = (
     "preprocess_map_kwargs" in inspect.signature(build_vllm_engine_processor).parameters
 )
@@ -128,6 +126,7 @@ class _MapKwargsProcessor(Processor):
 WAIT_FOR_MIN_ACTORS_ENV = "RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S"
 
 
+@functools.cache
 def _waits_for_actors(base: type) -> type:
     """``base`` (a processor class) whose call makes the dataset's actor pools start their
     initial actors before the rows flow, for the processor's ``start_wait_s``, where the
@@ -150,19 +149,13 @@ def _waits_for_actors(base: type) -> type:
     return _WaitingProcessor
 
 
-_WAITING_CLASSES: dict[type, type] = {}
-
-
 def wait_for_initial_actors(processor: Any, seconds: int) -> None:
     """``processor`` made to start its stages' initial actors (the engines: ``concurrency``
     or its range's least) before the first row goes out, waiting up to ``seconds`` (Ray
     Data's ``wait_for_min_actors_s``; an engine that fails to start fails the job at
     once). Ray Data's default sends the rows to the first engine ready: a short job then
     ends while the others still start, and kills them mid-pull or mid-compile."""
-    base = type(processor)
-    if base not in _WAITING_CLASSES:
-        _WAITING_CLASSES[base] = _waits_for_actors(base)
-    processor.__class__ = _WAITING_CLASSES[base]
+    processor.__class__ = _waits_for_actors(processor.__class__)
     processor.start_wait_s = seconds
 
 
@@ -300,20 +293,14 @@ def ray_stage_shims(*swaps: tuple[Any, str, Any]) -> Iterator[None]:
 
 
 __all__ = [
-    "BUILDER_TAKES_MAP_KWARGS",
     "HAS_PLACEMENT_GROUP_CONFIG",
-    "HAS_STAGE_CONFIGS",
     "MODEL_FREE_UDFS",
     "SUPPORTED_RAY",
-    "TESTED_RAY",
     "ChatTemplateUDF",
     "DetokenizeUDF",
-    "PrepareImageUDF",
     "PrepareMultimodalUDF",
     "Processor",
     "TokenizeUDF",
-    "build_vllm_engine_processor",
-    "check_ray_version",
     "default_engine_resources",
     "ray_builds_with",
     "ray_stage_shims",
