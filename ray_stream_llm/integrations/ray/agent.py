@@ -130,22 +130,20 @@ class NodeAgent:
         self._retiring = False
         from ray_stream_llm.integrations.vllm import shm
 
-        for record in sorted(self._records.glob("*.json")):  # what an earlier agent left
-            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                state = json.loads(record.read_text())
-                raylet = state.get("raylet") or [0, 0.0]
-                if raylet[0] != os.getppid() and shm.is_running(*raylet):
-                    continue  # another running Ray's engine: its own agent watches it
-                with self._lock:
-                    thread = self._thread(record, state, left=True)
-                thread.start()
-        for record in sorted(self._records.glob("regions/*.json")):  # regions left to keep
-            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                state = json.loads(record.read_text())
-                raylet = state.get("raylet") or [0, 0.0]
-                if raylet[0] != os.getppid() and shm.is_running(*raylet):
-                    continue  # another running Ray's: its own agent keeps it
-                self.keep(state["region"])
+        # what an earlier agent left: the engines to watch or finish, then the regions to keep
+        for pattern in ("*.json", "regions/*.json"):
+            for record in sorted(self._records.glob(pattern)):
+                with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                    state = json.loads(record.read_text())
+                    raylet = state.get("raylet") or [0, 0.0]
+                    if raylet[0] != os.getppid() and shm.is_running(*raylet):
+                        continue  # another running Ray's: its own agent watches or keeps it
+                    if pattern != "*.json":
+                        self.keep(state["region"])
+                        continue
+                    with self._lock:
+                        thread = self._thread(record, state, left=True)
+                    thread.start()
         threading.Thread(
             target=self._retire_when_idle, args=(IDLE_S,), name="retire", daemon=True
         ).start()
@@ -324,7 +322,7 @@ class NodeAgent:
             else:  # it ended while no agent ran: what still runs of it is left over
                 members = state["members"]
                 log.info("actor %d ended while no agent ran; its processes %s", pid, members)
-                _finish(state, grace=0.0, log=log)
+                _finish(state, log=log)
         except Exception:
             log.exception("cleaning up after actor %d failed", pid)
             raise
@@ -429,23 +427,17 @@ def _set_tree(state: dict[str, Any], members: dict[int, float], seen: set[str]) 
     state["seen"] = sorted(seen)
 
 
-def _finish(
-    state: dict[str, Any], grace: float, log: logging.Logger | None = None, **end: float
-) -> None:
-    """Clean up after the recorded engine of ``state``: end what still runs of its processes
-    (after ``grace`` s), remove the segments they mapped and its directories
+def _finish(state: dict[str, Any], log: logging.Logger = logger, **end: float) -> None:
+    """Clean up after the recorded engine of ``state``, which has exited: end what still runs
+    of its processes at once, remove the segments they mapped and its directories
     (``shm.clean_after``, given ``end``: its ``term_wait`` and ``poll``)."""
     from ray_stream_llm.integrations.vllm import shm
 
     members, seen = _tree(state)
-    shm.clean_after(
-        members, seen, state["since"], state["dirs"], grace=grace, log=log or logger, **end
-    )
+    shm.clean_after(members, seen, state["since"], state["dirs"], grace=0.0, log=log, **end)
 
 
-def finish_orphaned(
-    records: Path | None = None, ending: Collection[tuple[int, float]] = (), wait: float = 10.0
-) -> list[int]:
+def finish_orphaned(ending: Collection[tuple[int, float]] = (), wait: float = 10.0) -> list[int]:
     """In a process of the node: finish what the node's agents left when their Ray ended.
     For each recorded engine whose agent's raylet is gone, end what still runs of its
     processes, the engine actor's own included (their Ray is gone: they serve nothing, and
@@ -455,9 +447,9 @@ def finish_orphaned(
     (``ray.shutdown()`` does not wait for them). A record of a Ray that still runs is its
     agent's. The engines cleaned up after."""
     finished = []
-    for record, state in _left_by_ended_rays(records or state_dir(), "*.json", ending, wait):
+    for record, state in _left_by_ended_rays("*.json", ending, wait):
         try:
-            _finish(state, grace=0.0, term_wait=0.0, poll=0.1)
+            _finish(state, term_wait=0.0, poll=0.1)
             finished.append(state["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             logger.warning("cannot finish the node agent's record %s", record, exc_info=True)
@@ -466,15 +458,15 @@ def finish_orphaned(
 
 
 def _left_by_ended_rays(
-    records: Path, pattern: str, ending: Collection[tuple[int, float]], wait: float
+    pattern: str, ending: Collection[tuple[int, float]], wait: float
 ) -> Iterator[tuple[Path, dict[str, Any]]]:
-    """The records under ``records`` (``pattern``) of agents whose Ray is gone, each with its
-    state; the raylets in ``ending`` are given up to ``wait`` s in all to end. A record of a
-    Ray that still runs is its agent's, and one that cannot be read is removed."""
+    """The node's records (``pattern``) of agents whose Ray is gone, each with its state; the
+    raylets in ``ending`` are given up to ``wait`` s in all to end. A record of a Ray that
+    still runs is its agent's, and one that cannot be read is removed."""
     from ray_stream_llm.integrations.vllm import shm
 
     deadline = time.monotonic() + wait
-    for record in sorted(records.glob(pattern)):
+    for record in sorted(state_dir().glob(pattern)):
         try:
             state = json.loads(record.read_text())
             raylet = tuple(state.get("raylet") or (0, 0.0))
@@ -489,7 +481,7 @@ def _left_by_ended_rays(
 
 
 def retire_orphaned_regions(
-    records: Path | None = None, ending: Collection[tuple[int, float]] = (), wait: float = 10.0
+    ending: Collection[tuple[int, float]] = (), wait: float = 10.0
 ) -> list[str]:
     """In a process of the node: retire the regions the node's agents kept when their Ray
     ended (``weights.lifetime.retire``: removed, or kept warm), waiting up to ``wait`` s in
@@ -502,8 +494,7 @@ def retire_orphaned_regions(
 
     removed = []
     deadline = time.monotonic() + wait
-    left = _left_by_ended_rays(records or state_dir(), "regions/*.json", ending, wait)
-    for record, state in left:
+    for record, state in _left_by_ended_rays("regions/*.json", ending, wait):
         try:
             wait_s = max(0.0, deadline - time.monotonic())
             if retire(Path(state["region"]), wait_s):
