@@ -152,15 +152,20 @@ def checkpoint_filter_cpus() -> float:
     return _RAY_STAGE_CPUS * int(actors or 0)
 
 
+def _cpu_stage_cpus(processor: Processor) -> float:
+    """CPUs the CPU stage actors reserve (one actor each; Ray Data's default where unset)."""
+    stages = (stage for stage in processor.stages.values() if not _is_engine(stage))
+    return sum(
+        float(stage.map_batches_kwargs.get("num_cpus") or _RAY_STAGE_CPUS) for stage in stages
+    )
+
+
 def _cpu_stage_needs(processor: Processor, engine_cpus: float, engines: int) -> float:
     """CPUs Ray's stage graph reserves before its first row: one actor per CPU stage,
     the engines it starts with, one map task, one file read or write task and the
     checkpoint filter actors (:func:`checkpoint_filter_cpus`)."""
     total = _RAY_STAGE_CPUS + FILE_TASK_CPUS + checkpoint_filter_cpus() + engine_cpus * engines
-    for stage in processor.stages.values():
-        if not _is_engine(stage):
-            total += stage.map_batches_kwargs.get("num_cpus") or _RAY_STAGE_CPUS
-    return total
+    return total + _cpu_stage_cpus(processor)
 
 
 def _is_engine(stage: Any) -> bool:
@@ -233,11 +238,7 @@ def _engine_cpus_left(
     fits, or when nothing is left to share without checkpointing (a 1-CPU cluster); 0.0
     when the checkpoint filter leaves nothing (2 CPUs: the read and the filter take both):
     then the CPU stage actors and the engines ask for no CPU."""
-    stages = sum(
-        float(stage.map_batches_kwargs.get("num_cpus") or _RAY_STAGE_CPUS)
-        for stage in processor.stages.values()
-        if not _is_engine(stage)
-    )
+    stages = _cpu_stage_cpus(processor)
     workers = _workers(config) * _engines(config, least=True)
     checkpoint = checkpoint_filter_cpus()
     left = (cluster.get("CPU", 0.0) - FILE_TASK_CPUS - checkpoint - stages) / workers
@@ -343,14 +344,6 @@ def _kv_cache_engines(config: StreamingvLLMEngineProcessorConfig) -> int:
     return cpu.kv_cache_engines({**os.environ, **env_vars})
 
 
-def _engine_backend(config: StreamingvLLMEngineProcessorConfig, updates: dict[str, Any]) -> Any:
-    """The engine's distributed_executor_backend ('ray': Ray's executor places its workers
-    in a placement group, whose bundles cannot be empty)."""
-    return (updates.get("engine_kwargs") or config.engine_kwargs).get(
-        "distributed_executor_backend"
-    )
-
-
 def _build_ray_graph(
     config: StreamingvLLMEngineProcessorConfig,
     cluster: dict[str, float],
@@ -379,7 +372,10 @@ def _build_ray_graph(
         )
         defaulted = _apply_small_defaults(processor)
         share = _engine_cpus_left(config, processor, cluster) if engine_on_cpu else None
-        if share == 0 and _engine_backend(config, updates) != "ray":
+        # not with Ray's executor ('ray'): it places the workers in a placement group, whose
+        # bundles cannot be empty
+        engine_kwargs = updates.get("engine_kwargs") or config.engine_kwargs
+        if share == 0 and engine_kwargs.get("distributed_executor_backend") != "ray":
             logger.info(
                 "Small cluster: the file read or write task and Ray's checkpoint filter "
                 "actors (%s CPU) leave no CPU: the CPU stage actors and the engines reserve "
@@ -415,41 +411,34 @@ def build_streaming_processor(
     finish_at_exit_of_this_process()
     secrets = {name: settings.env[name] for name in settings.secret_env}
     secret_env = SecretEnv(secrets) if secrets else None
-    if not config.streams_from_object_store:
-        # Ray's own path; its downloader runs here in the driver and reads os.environ.
-        with scoped_env(settings.env):
-            cluster = cluster_resources(config)
-            updates = resource_defaults(config, cluster)
-            updates.update(store_updates(config, settings, updates))
-            processor, _ = _build_ray_graph(config, cluster, updates, **kwargs)
-        # The only changes to Ray's UDFs: the secrets delivered, the engine's load reported.
-        _swap_udfs(processor, secret_env=secret_env)
-        _deliver_env(processor, settings, config)
-        wait_for_initial_actors(processor, ENGINE_START_WAIT_S)
-        processor.config = config
-        return processor
-
-    if driver_dir is None:
+    streamed = config.streams_from_object_store
+    if streamed and driver_dir is None:
         raise ValueError("a streamed build needs the preflight's metadata directory")
-    uri = parse_model_uri(config.model_source)
-    cluster = cluster_resources(config)
-    updates = resource_defaults(config, cluster)
-    updates.update(store_updates(config, settings, updates))
-    updates["model_source"] = driver_dir
-    processor, engine_on_cpu = _build_ray_graph(config, cluster, updates, **kwargs)
-    plan = Plan(
-        uri=uri,
-        sharing=resolve_sharing(config, updates, engine_on_cpu),
-        load_retries=config.load_retries,
-        load_retry_backoff_s=config.load_retry_backoff_s,
-        compile_cache_uri=config.compile_cache_uri,
-        weight_checksums=config.weight_checksums,
-    )
+    uri = parse_model_uri(config.model_source) if streamed else None
+    # Ray's own path (not streamed): its downloader runs here in the driver and reads os.environ
+    with scoped_env({} if streamed else settings.env):
+        cluster = cluster_resources(config)
+        updates = resource_defaults(config, cluster)
+        updates.update(store_updates(config, settings, updates))
+        if streamed:
+            updates["model_source"] = driver_dir
+        processor, engine_on_cpu = _build_ray_graph(config, cluster, updates, **kwargs)
+    plan = None  # Ray's own path: its UDFs only get the secrets and report the engine's load
+    if uri is not None:
+        plan = Plan(
+            uri=uri,
+            sharing=resolve_sharing(config, updates, engine_on_cpu),
+            load_retries=config.load_retries,
+            load_retry_backoff_s=config.load_retry_backoff_s,
+            compile_cache_uri=config.compile_cache_uri,
+            weight_checksums=config.weight_checksums,
+        )
     _swap_udfs(processor, secret_env=secret_env, plan=plan, driver_dir=driver_dir)
     _deliver_env(processor, settings, config)
     wait_for_initial_actors(processor, ENGINE_START_WAIT_S)
     processor.config = config
-    logger.info("Built a streaming processor for %s: stages %s", uri, list(processor.stages))
+    if uri is not None:
+        logger.info("Built a streaming processor for %s: stages %s", uri, list(processor.stages))
     return processor
 
 
