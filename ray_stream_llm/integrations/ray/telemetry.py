@@ -158,16 +158,6 @@ def _entries(kind: str, job: str | None, what: str) -> list[dict[str, Any]]:
     return entries
 
 
-def stored_reports(job: str | None = None) -> list[dict[str, Any]]:
-    """The stored report entries of a Ray job (by default the current driver's)."""
-    return _entries(_KV_PREFIX, job, "load_reports()")
-
-
-def stored_failures(job: str | None = None) -> list[dict[str, Any]]:
-    """The failures engine actors of a Ray job recorded, oldest first."""
-    return sorted(_entries(_FAILURE_PREFIX, job, "typed_errors()"), key=lambda e: e["time"])
-
-
 def node_ip() -> str:
     try:
         import ray
@@ -200,8 +190,8 @@ def load_reports(job_id: str | None = None) -> list[LoadReport]:
     >>> [r.weight_bytes for r in load_reports()]  # doctest: +SKIP
     [269060552]
     """
-    reports = [LoadReport.from_dict(entry) for entry in stored_reports(job_id)]
-    return sorted(reports, key=lambda r: r.finished_at)
+    entries = _entries(_KV_PREFIX, job_id, "load_reports()")
+    return sorted((LoadReport.from_dict(entry) for entry in entries), key=lambda r: r.finished_at)
 
 
 @contextlib.contextmanager
@@ -230,12 +220,12 @@ def typed_errors(job_id: str | None = None) -> Iterator[None]:
         raise
     except Exception as exc:
         try:
-            failures = stored_failures(job_id)
+            failures = _entries(_FAILURE_PREFIX, job_id, "typed_errors()")
         except Exception:  # Ray already shut down: nothing recorded to find
             failures = []
         if not failures:
             raise
-        last = failures[-1]
+        last = sorted(failures, key=lambda e: e["time"])[-1]  # the newest
         cls = getattr(errors, str(last.get("class")), None)
         if not (isinstance(cls, type) and issubclass(cls, errors.RayStreamLLMError)):
             cls = errors.RayStreamLLMError
