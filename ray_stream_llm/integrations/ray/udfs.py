@@ -27,23 +27,18 @@ from ray_stream_llm.integrations.ray.compat import (
 from ray_stream_llm.integrations.ray.telemetry import store_failure
 from ray_stream_llm.integrations.vllm.plugin import plugin_inactive_reason
 from ray_stream_llm.plan import Plan
-from ray_stream_llm.stores.settings import ObjectStoreConfig
 from ray_stream_llm.uri import looks_like_uri
 from ray_stream_llm.weights.region import NodeWeights
 
 logger = logging.getLogger(__name__)
 
 
-def local_metadata(
-    model: Any, *, require: tuple[str, ...] = (), store: ObjectStoreConfig | None = None
-) -> Any:
-    """The local metadata directory for an object-store URI; anything else unchanged.
-
-    In an actor ``store`` is None: the settings arrived in its environment.
-    """
+def local_metadata(model: Any) -> Any:
+    """The local metadata directory for an object-store URI (fetched in the actor, with the
+    settings its environment holds); anything else unchanged."""
     if not looks_like_uri(model):
         return model
-    return str(fetch_metadata_report(model, require=require, object_store=store).path)
+    return str(fetch_metadata_report(model, require=()).path)
 
 
 class SecretEnv:
