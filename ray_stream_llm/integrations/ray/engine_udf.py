@@ -226,11 +226,6 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
 
         wrapper._maybe_get_lora_request = lora_request
 
-    def _release_weights(self) -> None:
-        weights, self._weights = self._weights, None
-        if weights is not None:
-            weights.release()
-
     def _release_engine(self) -> None:
         """What a failed start left behind: the engine processes and their shared memory."""
         llm = self.__dict__.pop("llm", None)
@@ -250,8 +245,9 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         rpc = getattr(self, "_rpc_dir", None)
         if rpc is not None:
             shutil.rmtree(rpc, ignore_errors=True)
-        if hasattr(self, "_weights"):
-            self._release_weights()  # the last engine of the node removes the region
+        weights, self._weights = getattr(self, "_weights", None), None
+        if weights is not None:
+            weights.release()  # the last engine of the node removes the region
 
 
 def _cause(exc: BaseException, watcher: StreamWatcher) -> str:
