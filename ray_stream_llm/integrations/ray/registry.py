@@ -82,29 +82,26 @@ def build_llm_processor(
     >>> ds = processor(ray.data.from_items([{"question": "What is 2+2?"}]))  # doctest: +SKIP
     """
     register()
+    maps = {
+        "preprocess_map_kwargs": preprocess_map_kwargs,
+        "postprocess_map_kwargs": postprocess_map_kwargs,
+    }
     build_processor = getattr(ray.data.llm, "build_processor", None)
-    if build_processor is None:  # Ray 2.48-2.52: ray.data.llm.build_llm_processor only
-        maps = {
-            name: value
-            for name, value in (
-                ("preprocess_map_kwargs", preprocess_map_kwargs),
-                ("postprocess_map_kwargs", postprocess_map_kwargs),
-            )
-            if value is not None
-        }
-        if maps and not isinstance(config, StreamingvLLMEngineProcessorConfig):
-            raise UnsupportedRayError(
-                f"{', '.join(maps)}: ray {ray.__version__}'s own processor takes none; use "
-                "StreamingvLLMEngineProcessorConfig (which applies them) or ray>=2.53"
-            )
-        return ProcessorBuilder.build(
-            config, preprocess=preprocess, postprocess=postprocess, **maps, **(builder_kwargs or {})
+    if build_processor is not None:
+        return build_processor(
+            config,
+            preprocess=preprocess,
+            postprocess=postprocess,
+            builder_kwargs=builder_kwargs,
+            **maps,
         )
-    return build_processor(
-        config,
-        preprocess=preprocess,
-        postprocess=postprocess,
-        preprocess_map_kwargs=preprocess_map_kwargs,
-        postprocess_map_kwargs=postprocess_map_kwargs,
-        builder_kwargs=builder_kwargs,
+    # Ray 2.48-2.52: ray.data.llm.build_llm_processor only
+    given = {name: value for name, value in maps.items() if value is not None}
+    if given and not isinstance(config, StreamingvLLMEngineProcessorConfig):
+        raise UnsupportedRayError(
+            f"{', '.join(given)}: ray {ray.__version__}'s own processor takes none; use "
+            "StreamingvLLMEngineProcessorConfig (which applies them) or ray>=2.53"
+        )
+    return ProcessorBuilder.build(
+        config, preprocess=preprocess, postprocess=postprocess, **given, **(builder_kwargs or {})
     )
