@@ -1,14 +1,12 @@
 """Deliver derived object-store settings to every process, merged with the user's own.
 
-Values, not hidden mutations: the non-secret settings become ``env_vars`` of each
-stage's ``runtime_env``, and
-``model_loader_extra_config`` of the engine. Secrets (secret keys, session
-tokens, Azure keys) do not go into the runtime_env, because Ray's runtime-env
-agent writes runtime_envs to its log: they travel in the stage UDFs'
-constructor arguments and are set in each actor's environment there
-(:class:`ray_stream_llm.integrations.ray.udfs.SecretEnv`). A value the user already
-set differently is an error
-naming both sources; secrets are never shown.
+Values, not hidden mutations: the non-secret settings become ``env_vars`` of each stage's
+``runtime_env``, and ``model_loader_extra_config`` of the engine. Secrets (secret keys,
+session tokens, Azure keys) do not go into the runtime_env, because Ray's runtime-env agent
+writes runtime_envs to its log: they travel in the stage UDFs' constructor arguments and are
+set in each actor's environment there (:class:`ray_stream_llm.integrations.ray.udfs.SecretEnv`).
+A value the user already set differently is an error naming both sources; secrets are never
+shown.
 """
 
 from __future__ import annotations
