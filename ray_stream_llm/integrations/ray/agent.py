@@ -14,11 +14,10 @@ leftovers, and never the agent, which is no worker's child.
 Each actor that holds a region of the node's shared weights has the agent pull what is
 missing of it (:func:`pull_region`: the actor's store settings passed by value, kept by no
 record of the agent) and hands it to the agent (:func:`keep_region`), which runs the
-region's :func:`~ray_stream_llm.weights.lifetime.reap`
-in a thread: the region is removed once no live process has held it for 2 s, or, kept warm
-(``keep_warm_s``), once its time is up. An agent keeping a region does not end. It is also
-the region's server for the nodes that copy it (``weights/peers.py``: :meth:`NodeAgent.read`),
-until it removes it.
+region's :func:`~ray_stream_llm.weights.lifetime.reap` in a thread: the region is removed
+once no live process has held it for 2 s, or, kept warm (``keep_warm_s``), once its time is
+up. An agent keeping a region does not end. It is also the region's server for the nodes
+that copy it (``weights/peers.py``: :meth:`NodeAgent.read`), until it removes it.
 
 What it watches is also kept in a file per engine on the node (:func:`state_dir`, written
 whole), for when the agent ends with its Ray. A local Ray (``ray.init()`` in the driver)
@@ -440,12 +439,12 @@ def _finish(state: dict[str, Any], log: logging.Logger = logger, **end: float) -
 def finish_orphaned(ending: Collection[tuple[int, float]] = (), wait: float = 10.0) -> list[int]:
     """In a process of the node: finish what the node's agents left when their Ray ended.
     For each recorded engine whose agent's raylet is gone, end what still runs of its
-    processes, the engine actor's own included (their Ray is gone: they serve nothing, and
-    a notebook's kernel gets 2.5 s to exit: SIGKILL at once), and
-    remove the segments they mapped, as the agent would. ``ending``: the raylets (pid and
-    start time) of a Ray shut down just now, given up to ``wait`` s in all to end
-    (``ray.shutdown()`` does not wait for them). A record of a Ray that still runs is its
-    agent's. The engines cleaned up after."""
+    processes, the engine actor's own included (their Ray is gone: they serve nothing, and a
+    notebook's kernel gets 2.5 s to exit: SIGKILL at once), and remove the segments they
+    mapped, as the agent would. ``ending``: the raylets (pid and start time) of a Ray shut
+    down just now, given up to ``wait`` s in all to end (``ray.shutdown()`` does not wait
+    for them). A record of a Ray that still runs is its agent's. The engines cleaned up
+    after."""
     finished = []
     for record, state in _left_by_ended_rays("*.json", ending, wait):
         try:
@@ -487,9 +486,9 @@ def retire_orphaned_regions(
     ended (``weights.lifetime.retire``: removed, or kept warm), waiting up to ``wait`` s in
     all for the raylets in ``ending`` and for the regions' other holders to end; the actors
     of that Ray hold nothing once it has ended (they serve no one, and may take seconds to
-    notice: a notebook's kernel gets 2.5 s to exit). A region kept warm
-    stays recorded: the node's next agent keeps it until its time is up. A record of a Ray
-    that still runs is its agent's. The regions removed."""
+    notice: a notebook's kernel gets 2.5 s to exit). A region kept warm stays recorded: the
+    node's next agent keeps it until its time is up. A record of a Ray that still runs is
+    its agent's. The regions removed."""
     from ray_stream_llm.weights.lifetime import retire
 
     removed = []
@@ -509,12 +508,11 @@ def retire_orphaned_regions(
 def finish_at_exit() -> None:
     """The driver's exit (``atexit``, registered by the processor's build): where this
     process started the local Ray its jobs ran on, Ray's shutdown kills the node's agent
-    with the engines (SIGKILL, all at once), so what the engines' processes left is
-    finished here, after it: Ray is shut down first (what its own exit hook does next, and
-    a second call does nothing), then :func:`finish_orphaned` and
-    :func:`retire_orphaned_regions`. Also after the user's own
-    ``ray.shutdown()``. A driver that joined a running cluster leaves the work to its
-    agents, which outlive it."""
+    with the engines (SIGKILL, all at once), so what the engines' processes left is finished
+    here, after it: Ray is shut down first (what its own exit hook does next, and a second
+    call does nothing), then :func:`finish_orphaned` and :func:`retire_orphaned_regions`.
+    Also after the user's own ``ray.shutdown()``. A driver that joined a running cluster
+    leaves the work to its agents, which outlive it."""
     import psutil
     import ray
 
