@@ -34,6 +34,7 @@ from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
+from ray_stream_llm.integrations.vllm.shm import SHM_DIR
 from ray_stream_llm.weights import memory
 
 logger = logging.getLogger(__name__)
@@ -186,34 +187,10 @@ def keep_linear_weights() -> None:
     method._rsl_keeps = True
 
 
-_SHM = "/dev/shm"
-
-
 def allreduce_segments() -> set[str]:
     """The shared-memory files of vLLM's CPU all-reduce (``vllm_dist_<id>-[ranks]-cpushm*``):
     its workers, stopped by ``shutdown``, leave them behind."""
     try:
-        return {n for n in os.listdir(_SHM) if n.startswith("vllm_dist_") and "cpushm" in n}
+        return {n for n in os.listdir(SHM_DIR) if n.startswith("vllm_dist_") and "cpushm" in n}
     except OSError:
         return set()
-
-
-def remove_unmapped(names: set[str]) -> None:
-    """Remove those of ``names`` (segments that appeared during an engine's life) that no
-    live process maps any more: never another engine's segment in use."""
-    if not names:
-        return
-    mapped: set[str] = set()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                mapped.update(line.rsplit("/", 1)[-1].strip() for line in f if _SHM in line)
-        except OSError:
-            continue
-    for name in names - mapped:
-        try:
-            os.unlink(os.path.join(_SHM, name))
-        except OSError:
-            pass

@@ -181,7 +181,7 @@ def save_sharded_checkpoint(
     except BaseException:
         shutil.rmtree(rpc, ignore_errors=True)
         if on_cpu:
-            cpu.remove_unmapped(cpu.allreduce_segments() - before)
+            remove_orphaned_segments(0.0, wait=0.0, only=cpu.allreduce_segments() - before)
         raise
     finally:
         for name, value in previous.items():
@@ -203,7 +203,7 @@ def save_sharded_checkpoint(
         del llm
         gc.collect()
         if on_cpu:
-            cpu.remove_unmapped(cpu.allreduce_segments() - before)
+            remove_orphaned_segments(0.0, wait=0.0, only=cpu.allreduce_segments() - before)
         remove_orphaned_segments(0.0, wait=5.0, only=rings)
         shutil.rmtree(rpc, ignore_errors=True)
     return ready - start, saved - ready

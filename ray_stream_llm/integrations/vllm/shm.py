@@ -75,25 +75,29 @@ def segments_of(pid: int) -> set[str]:
     return _mapped_by(_processes(pid))
 
 
-def _segments() -> list[Path]:
-    """vLLM's segments in ``/dev/shm`` now (:data:`PREFIXES`)."""
+def _segments(since: float, only: set[str] | None) -> list[Path]:
+    """vLLM's segments in ``/dev/shm`` now (:data:`PREFIXES`), created at or after ``since``;
+    with ``only``, just those of these names."""
     if not SHM_DIR.is_dir():
         return []
-    return [p for p in SHM_DIR.iterdir() if p.name.startswith(PREFIXES)]
+    return [
+        p
+        for p in SHM_DIR.iterdir()
+        if p.name.startswith(PREFIXES) and (only is None or p.name in only) and _newer(p, since)
+    ]
+
+
+def _newer(path: Path, since: float) -> bool:
+    try:
+        return path.stat().st_mtime >= since
+    except FileNotFoundError:
+        return False
 
 
 def orphaned_segments(since: float, only: set[str] | None = None) -> list[Path]:
     """vLLM's segments in ``/dev/shm`` (:data:`PREFIXES`), created at or after ``since``, that
     no process maps; with ``only``, just those of these names."""
-    candidates = []
-    for path in _segments():
-        if only is not None and path.name not in only:
-            continue
-        try:
-            if path.stat().st_mtime >= since:
-                candidates.append(path)
-        except FileNotFoundError:
-            continue
+    candidates = _segments(since, only)
     if not candidates:
         return []
     mapped = _mapped_segments()
@@ -115,8 +119,7 @@ def remove_orphaned_segments(
                 removed.append(path.name)
             except FileNotFoundError:
                 pass
-        pending = [p for p in _segments() if _newer(p, since) and (only is None or p.name in only)]
-        if not pending or time.monotonic() >= deadline:
+        if not _segments(since, only) or time.monotonic() >= deadline:
             break
         time.sleep(0.5)
     if removed:
@@ -124,13 +127,6 @@ def remove_orphaned_segments(
             "Removed %d shared-memory segment(s) left by the vLLM engine: %s", len(removed), removed
         )
     return removed
-
-
-def _newer(path: Path, since: float) -> bool:
-    try:
-        return path.stat().st_mtime >= since
-    except FileNotFoundError:
-        return False
 
 
 def janitor_log(pid: int) -> str | None:
