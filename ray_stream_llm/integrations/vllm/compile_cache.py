@@ -47,7 +47,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ray_stream_llm.files import HeldLock, try_locked, write_whole
@@ -55,6 +55,33 @@ from ray_stream_llm.integrations.vllm.touchpoints import LOAD_FAILURE
 
 # set by the engine actor: where each of its processes writes what it measured
 REPORT_DIR_ENV = "RAY_STREAM_LLM_LOAD_REPORT_DIR"
+
+
+def write_report(path: str, state: dict[str, Any]) -> None:
+    """``state`` as the JSON of ``path``, in the engine actor's report directory; nothing
+    once the actor removed the directory (nobody is listening)."""
+    with contextlib.suppress(OSError):
+        write_whole(path, json.dumps(state))
+
+
+def read_reports(directory: str, keep: Callable[[str], bool] = lambda name: True) -> list[Any]:
+    """The JSON files of ``directory`` whose names ``keep``, in name order: none where the
+    directory is gone; one being replaced while it is read is left for the next read."""
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        if not name.endswith(".json") or not keep(name):
+            continue
+        try:
+            with open(os.path.join(directory, name)) as f:
+                found.append(json.load(f))
+        except (OSError, ValueError):
+            continue
+    return found
+
 
 FIX_ENV = "RAY_STREAM_LLM_AOT_LOAD_FIX"
 SUBDIR = "compile"
@@ -380,13 +407,9 @@ class _Recorder(logging.Handler):
         # the engine actor's directory now (a start in the actor's own process may be
         # its second); never re-made once the actor removed it
         where = os.path.join(os.environ.get(REPORT_DIR_ENV) or self.directory, SUBDIR)
-        path = os.path.join(where, f"{os.getpid()}.json")
-        try:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(where)
-            write_whole(path, json.dumps(state))
-        except OSError:  # the actor removed the directory: nobody is listening
-            pass
+        with contextlib.suppress(OSError):  # there already, or the actor removed its parent
+            os.mkdir(where)
+        write_report(os.path.join(where, f"{os.getpid()}.json"), state)
 
 
 def tensor_parallel_rank() -> int | None:
@@ -434,23 +457,7 @@ def measure(directory: str) -> None:
 # --- in the engine actor ---------------------------------------------------------------------
 def collect(directory: str | None) -> list[dict[str, Any]]:
     """The compile records the engine's processes wrote under ``directory``."""
-    if not directory:
-        return []
-    where = os.path.join(directory, SUBDIR)
-    found = []
-    try:
-        names = sorted(os.listdir(where))
-    except OSError:
-        return []
-    for name in names:
-        if not name.endswith(".json"):
-            continue
-        try:
-            with open(os.path.join(where, name)) as f:
-                found.append(json.load(f))
-        except (OSError, ValueError):
-            continue
-    return found
+    return read_reports(os.path.join(directory, SUBDIR)) if directory else []
 
 
 def outcome(record: dict[str, Any]) -> str:

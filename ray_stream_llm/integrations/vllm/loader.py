@@ -32,15 +32,17 @@ from __future__ import annotations
 
 import inspect
 import itertools
-import json
 import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ray_stream_llm.files import write_whole
 from ray_stream_llm.integrations.vllm import checksums
-from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV, tensor_parallel_rank
+from ray_stream_llm.integrations.vllm.compile_cache import (
+    REPORT_DIR_ENV,
+    tensor_parallel_rank,
+    write_report,
+)
 from ray_stream_llm.weights.marks import objects_of
 from ray_stream_llm.weights.reading import file_source, planned_files, region_of_dir, wait_for
 
@@ -260,7 +262,4 @@ class _Report:
             return
         self._flushed = now
         self.state["seconds"] = now - self.state["started"]
-        try:
-            write_whole(self.path, json.dumps(self.state))
-        except OSError:  # the actor removed the directory: nobody is listening
-            pass
+        write_report(self.path, self.state)

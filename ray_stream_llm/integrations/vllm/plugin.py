@@ -25,7 +25,6 @@ passes it to them. Either way each rank writes its own sessions (on the actor's 
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
 import time
@@ -33,9 +32,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ray_stream_llm.errors import PluginNotActiveError
-from ray_stream_llm.files import write_whole
 from ray_stream_llm.integrations.vllm import cpu, loader
-from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV
+from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV, write_report
 from ray_stream_llm.integrations.vllm.shm import remove_orphaned_segments, segments_of
 
 PLUGIN_NAME = "ray_stream_llm_load_report"  # its name in pyproject's vllm.general_plugins
@@ -114,11 +112,9 @@ class FailureRecorder(logging.Handler):
             "message": record.getMessage(),
             "chain": chain,
         }
-        path = os.path.join(self.directory, f"failure-{os.getpid()}-{next(_failures)}.json")
-        try:
-            write_whole(path, json.dumps(state))
-        except OSError:  # the actor removed the directory: nobody is listening
-            pass
+        write_report(
+            os.path.join(self.directory, f"failure-{os.getpid()}-{next(_failures)}.json"), state
+        )
 
 
 def _record_failures(directory: str) -> None:

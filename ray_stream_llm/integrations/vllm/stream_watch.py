@@ -3,7 +3,6 @@ in the engine's processes, and shows the streamed bytes as a progress bar."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -12,7 +11,7 @@ from typing import Any
 
 from ray_stream_llm.integrations.ray.progress import ByteProgress
 from ray_stream_llm.integrations.vllm.checksums import PREFIX as CHECKSUM
-from ray_stream_llm.integrations.vllm.plugin import REPORT_DIR_ENV
+from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV, read_reports
 
 _KINDS = ("failure-", CHECKSUM)  # the other files' prefixes; the sessions have none
 
@@ -60,17 +59,11 @@ class StreamWatcher:
         """The JSON files of the directory: failures with ``prefix='failure-'``, the
         weight checksums with ``prefix='checksum-'``, the streaming sessions with
         ``prefix=''``."""
-        found = []
-        for name in sorted(os.listdir(self._dir)):
-            kind = next((p for p in _KINDS if name.startswith(p)), "")
-            if not name.endswith(".json") or kind != prefix:
-                continue
-            try:
-                with open(os.path.join(self._dir, name)) as f:
-                    found.append(json.load(f))
-            except (OSError, ValueError):  # replaced while being read: next poll
-                continue
-        return found
+
+        def kind(name: str) -> str:
+            return next((p for p in _KINDS if name.startswith(p)), "")
+
+        return read_reports(self._dir, lambda name: kind(name) == prefix)
 
     def _watch(self) -> None:
         bar = None
