@@ -41,6 +41,7 @@ by the engine actor), :func:`measure` times each of vLLM's own
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import inspect
 import json
@@ -85,30 +86,26 @@ def read_reports(directory: str, keep: Callable[[str], bool] = lambda name: True
 
 FIX_ENV = "RAY_STREAM_LLM_AOT_LOAD_FIX"
 SUBDIR = "compile"
+logger = logging.getLogger(__name__)
 _PATCHED = "_rsl_compile_measured"
 
 
 def install(directory: str | None) -> None:
     """From the plugin's ``register()`` in each vLLM process: the load fix, the node-stable
     cache key, and the measurement when the engine actor named a report ``directory``.
-    Never raises."""
-    try:
-        fix_aot_load()
-    except Exception:  # a vLLM or torch this code does not know: leave vLLM as it is
-        logging.getLogger(__name__).debug("AOT load fix not applied", exc_info=True)
-    try:
-        stable_key()
-    except Exception:
-        logging.getLogger(__name__).debug("compile cache key left as vLLM makes it", exc_info=True)
-    try:
-        compile_once()
-    except Exception:
-        logging.getLogger(__name__).debug("engines of a node compile each", exc_info=True)
+    Never raises: with a vLLM or torch this code does not know, vLLM is left as it is."""
+    steps: list[tuple[Callable[[], object], str]] = [
+        (fix_aot_load, "AOT load fix not applied"),
+        (stable_key, "compile cache key left as vLLM makes it"),
+        (compile_once, "engines of a node compile each"),
+    ]
     if directory:
+        steps.append((functools.partial(measure, directory), "compile not measured"))
+    for step, otherwise in steps:
         try:
-            measure(directory)
+            step()
         except Exception:
-            logging.getLogger(__name__).debug("compile not measured", exc_info=True)
+            logger.debug(otherwise, exc_info=True)
 
 
 def _finalize_nothing(self: Any, vllm_config: Any) -> None:
@@ -336,7 +333,7 @@ def compile_once() -> bool:
         try:
             return claim_or_wait(aot_compilation_path, lambda: loader(model, aot_compilation_path))
         except Exception:  # no lock to be had (an unwritable cache...): compile, as vLLM would
-            logging.getLogger(__name__).debug("no compile lock", exc_info=True)
+            logger.debug("no compile lock", exc_info=True)
             return None
 
     @contextlib.contextmanager
@@ -401,7 +398,7 @@ class _Recorder(logging.Handler):
             "aot_saved": int(counter.num_aot_artifacts_saved),
             "load_failures": list(self.failures),
             "inductor_cache": inductor,
-            "rank": _rank(),
+            "rank": tensor_parallel_rank(),
             "artifacts": list(_artifacts),
         }
         # the engine actor's directory now (a start in the actor's own process may be
@@ -423,10 +420,6 @@ def tensor_parallel_rank() -> int | None:
         return int(parallel_state.get_tensor_model_parallel_rank())
     except Exception:
         return None
-
-
-def _rank() -> int | None:
-    return tensor_parallel_rank()
 
 
 def measure(directory: str) -> None:
