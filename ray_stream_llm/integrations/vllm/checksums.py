@@ -26,10 +26,6 @@ ENV = "RAY_STREAM_LLM_WEIGHT_CHECKSUMS"  # "1" in the engine actor: every proces
 PREFIX = "checksum-"
 
 
-def enabled() -> bool:
-    return os.environ.get(ENV) == "1"
-
-
 def digests(model: Any) -> tuple[dict[str, str], str]:
     """A sha256 per parameter of ``model``, and whose function made them: ``"vllm"``
     (``compute_tensor_digests``, 0.32 on) or ``"ray_stream_llm"`` (:func:`same_formula`)."""
@@ -65,7 +61,7 @@ def record(model: Any) -> None:
     """In an engine process, after loading: this rank's summary into the actor's report
     directory; nothing unless the actor asked (:data:`ENV`) and has a report directory."""
     directory = os.environ.get(REPORT_DIR_ENV)
-    if not enabled() or not directory:
+    if os.environ.get(ENV) != "1" or not directory:
         return
     found, by = digests(model)
     entry = {

@@ -78,13 +78,17 @@ def register() -> list[str]:
     except ImportError:
         return []
 
-    class StreamingLoader(RunaiModelStreamerLoader):
-        """vLLM's Run:ai loader; a node's region is read file by file as each completes."""
+    class Checksummed:
+        """Both loaders: with ``weight_checksums=True``, the model this process loaded is
+        hashed (:func:`~ray_stream_llm.integrations.vllm.checksums.record`)."""
 
         def load_model(self, *args: Any, **kwargs: Any) -> Any:
-            model = super().load_model(*args, **kwargs)
-            checksums.record(model)  # weight_checksums=True: what this process holds
+            model = super().load_model(*args, **kwargs)  # type: ignore[misc]
+            checksums.record(model)
             return model
+
+    class StreamingLoader(Checksummed, RunaiModelStreamerLoader):
+        """vLLM's Run:ai loader; a node's region is read file by file as each completes."""
 
         def _prepare_weights(self, model_name_or_path: str, revision: str | None) -> list[str]:
             planned = planned_files(model_name_or_path)  # a region: its marker's files
@@ -112,9 +116,9 @@ def register() -> list[str]:
                     super()._get_weights_iterator(model_or_path, revision, *args, **kwargs)
                 )
             files = self._prepare_weights(model_or_path, revision)
-            return stream_weights(files, distributed=self._is_distributed, unused=unused)
+            return stream_weights(files, distributed=self._is_distributed)
 
-    class ShardedStreamingLoader(ShardedStateLoader):
+    class ShardedStreamingLoader(Checksummed, ShardedStateLoader):
         """vLLM's pre-sharded loader; ``runai_streamer_sharded`` streams as above. vLLM
         lists a rank's files with a glob of the directory, which sees a region's files only
         once they are whole: on a region, every file is awaited before the glob."""
@@ -125,11 +129,6 @@ def register() -> list[str]:
                 for obj in objects_of(region):
                     wait_for(region, obj.path)
             super().load_weights(model, model_config)
-
-        def load_model(self, *args: Any, **kwargs: Any) -> Any:
-            model = super().load_model(*args, **kwargs)
-            checksums.record(model)
-            return model
 
         def iterate_over_files(self, paths: list[str]) -> Iterator[tuple[str, Any]]:
             if self.load_config.load_format != "runai_streamer_sharded":

@@ -86,10 +86,6 @@ def _copy_to_ray_workers(name: str) -> None:
 _failures = itertools.count()
 
 
-def _exception_record(exc: BaseException) -> dict[str, str]:
-    return {"type": type(exc).__name__, "module": type(exc).__module__, "message": str(exc)}
-
-
 class FailureRecorder(logging.Handler):
     """Writes each exception vLLM logs at ERROR or above to the engine actor's directory."""
 
@@ -103,7 +99,8 @@ class FailureRecorder(logging.Handler):
         exc: BaseException | None = record.exc_info[1]
         chain: list[dict[str, str]] = []
         while exc is not None and len(chain) < 8:
-            chain.append(_exception_record(exc))
+            kind = type(exc)
+            chain.append({"type": kind.__name__, "module": kind.__module__, "message": str(exc)})
             exc = exc.__cause__ or exc.__context__
         state = {
             "pid": os.getpid(),
