@@ -228,8 +228,6 @@ def stable_key() -> bool:
             # where the weights are
             found["model_weights"] = "ray_stream_llm-weights"
         found = {name: identity for name, identity in found.items() if identity is not None}
-        if not found:
-            return list(original(vllm_config))
         for name, identity in found.items():
             setattr(model_config, name, identity)
         try:

@@ -131,7 +131,7 @@ def key_factor(built_for: dict[str, str | None]) -> str:
 def describe(built_for: dict[str, Any], names: list[str] | None = None) -> str:
     """``CPU AVX2, Inductor avx2``: the parts ``names`` (all by default) of a target."""
     shown = []
-    for name in names if names is not None else list(LABELS):
+    for name in names if names is not None else LABELS:
         value = built_for.get(name)
         text = str(value)[:120] if value is not None else "unknown"
         shown.append(LABELS[name].format(text))

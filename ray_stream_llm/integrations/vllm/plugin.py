@@ -160,28 +160,23 @@ def save_sharded_checkpoint(
 
     from vllm import LLM
 
+    from ray_stream_llm.integrations.ray.runtime_env import scoped_env
+
     on_cpu = cpu.is_cpu_build()
     before = cpu.allreduce_segments() if on_cpu else set()
     # the engine's IPC sockets (vLLM leaves them in VLLM_RPC_BASE_PATH, /tmp by default) in
     # a private short directory, removed with the engine
     rpc = tempfile.mkdtemp(prefix="rsl-shard-rpc-", dir="/tmp")
-    changed = {SHARD_WRITER_ENV: "1", "VLLM_RPC_BASE_PATH": rpc}  # inherited (register)
-    previous = {name: os.environ.get(name) for name in changed}
-    os.environ.update(changed)
     start = time.perf_counter()
     try:
-        llm = LLM(**engine_kwargs)
+        # inherited by the engine's processes (register), restored once it started
+        with scoped_env({SHARD_WRITER_ENV: "1", "VLLM_RPC_BASE_PATH": rpc}):
+            llm = LLM(**engine_kwargs)
     except BaseException:
         shutil.rmtree(rpc, ignore_errors=True)
         if on_cpu:
             remove_orphaned_segments(0.0, wait=0.0, only=cpu.allreduce_segments() - before)
         raise
-    finally:
-        for name, value in previous.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     ready = time.perf_counter()
     # vLLM's ring buffers (/dev/shm/psm_*), mapped by this process's engine and workers: a
     # worker stopped before it unlinks one (a loaded machine) leaves it behind
