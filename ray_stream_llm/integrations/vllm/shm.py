@@ -241,12 +241,10 @@ def watch(
     members, seen = dict(members or {}), set(seen or ())
     first = True
     while is_running(pid):
-        procs = _processes(pid)  # one walk of the tree per poll serves both
-        mapped = _mapped_by(procs)
+        started, mapped = snapshot(pid)
         if first:
-            log.info("watching actor %d: processes %s", pid, [p.pid for p in procs])
+            log.info("watching actor %d: processes %s", pid, list(started))
             first = False
-        started = _started(procs)
         if record is not None and (mapped - seen or started.keys() - members.keys()):
             record(members | started, seen | mapped)
         seen |= mapped
