@@ -43,7 +43,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ray_stream_llm import stores
 from ray_stream_llm.errors import RayStreamLLMError
+from ray_stream_llm.integrations.vllm import compile_target
+from ray_stream_llm.integrations.vllm.compile_cache import metadata_identity
+from ray_stream_llm.redact import redact
 from ray_stream_llm.stores.base import Client, ObjectInfo, StoreDeadline
 from ray_stream_llm.stores.settings import ObjectStoreConfig
 from ray_stream_llm.uri import ModelURI, parse_model_uri
@@ -63,9 +67,7 @@ class CacheKey:
 
     @property
     def target_dir(self) -> str:
-        from ray_stream_llm.integrations.vllm.compile_target import digest
-
-        return digest(self.target)
+        return compile_target.digest(self.target)
 
     def __str__(self) -> str:
         return f"{self.model}/{self.target_dir}"
@@ -78,9 +80,6 @@ def cache_key(metadata_dir: str) -> CacheKey | None:
     metadata was not fetched by this library (nothing to key it by), or when part of the
     target could not be read (nothing to vouch for the code by: vLLM compiles, as without
     ``compile_cache_uri``)."""
-    from ray_stream_llm.integrations.vllm import compile_target
-    from ray_stream_llm.integrations.vllm.compile_cache import metadata_identity
-
     identity = metadata_identity(metadata_dir)
     if identity is None:
         return None
@@ -124,8 +123,6 @@ class _Prefix:
     """``<compile_cache_uri>/<key>/`` through its scheme's store backend."""
 
     def __init__(self, uri: str, key: str, store: ObjectStoreConfig | None):
-        from ray_stream_llm import stores
-
         self.uri: ModelURI = parse_model_uri(uri.rstrip("/") + f"/{key}/")
         self.deadline = StoreDeadline(store.timeout_s if store is not None else None)
         self.backend = stores.backend(self.uri.scheme)
@@ -141,13 +138,9 @@ class _Prefix:
         return {o.path: o.size for o in objects}
 
     def get(self, name: str, dest: Path) -> None:
-        from ray_stream_llm import stores
-
         stores.download(self.client, self.uri, self.listing[name], str(dest), self.deadline)
 
     def get_json(self, name: str) -> dict[str, Any]:
-        from ray_stream_llm import stores
-
         return dict(json.loads(stores.read(self.client, self.uri, name, self.deadline)))
 
     def put(self, local: Path, name: str) -> None:
@@ -217,12 +210,10 @@ def fetch(uri: str, key: CacheKey, root: Path, store: ObjectStoreConfig | None) 
 def _other_targets(prefix: _Prefix, key: CacheKey, markers: list[str], most: int = 3) -> list[str]:
     """Why the artifacts of other targets (at most ``most`` markers read) do not serve this
     node: ``artifact for CPU AVX512...; this node CPU AVX2...``."""
-    from ray_stream_llm.integrations.vllm.compile_target import mismatch
-
     reasons: list[str] = []
     for marker in [m for m in markers if not m.startswith(key.target_dir + "/")][:most]:
         try:
-            why = mismatch(prefix.get_json(marker).get("target"), key.target)
+            why = compile_target.mismatch(prefix.get_json(marker).get("target"), key.target)
         except Exception as exc:
             logger.debug("compile cache marker %s not read (%s)", marker, _why(exc))
             continue
@@ -232,10 +223,8 @@ def _other_targets(prefix: _Prefix, key: CacheKey, markers: list[str], most: int
 
 
 def _unpack(prefix: _Prefix, key: CacheKey, name: str, names: dict[str, int], dest: Path) -> None:
-    from ray_stream_llm.integrations.vllm.compile_target import mismatch
-
     want = prefix.get_json(name + DONE)
-    other = mismatch(want.get("target"), key.target)
+    other = compile_target.mismatch(want.get("target"), key.target)
     if other is not None:  # an artifact moved under this key, or of an earlier library
         raise _OtherTarget(other)
     if names.get(name + TAR) != want.get("size"):
@@ -309,8 +298,6 @@ def compiled_dirs(records: list[dict[str, Any]]) -> list[Path]:
 
 
 def _why(exc: BaseException) -> str:
-    from ray_stream_llm.redact import redact
-
     if isinstance(exc, RayStreamLLMError):
         return redact(str(exc))
     return redact(f"{type(exc).__name__}: {exc}")
