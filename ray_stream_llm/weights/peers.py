@@ -81,13 +81,11 @@ class Directory:
 
     def _below(self, node: str, other: str) -> bool:
         """Whether ``other`` is ``node`` or below it in the tree."""
-        seen: set[str] = set()
         current: str | None = other
-        while current is not None and current not in seen:
+        while current is not None:  # every parent is a member, and no node is its own ancestor
             if current == node:
                 return True
-            seen.add(current)
-            current = self.members.get(current, {}).get("parent")
+            current = self.members[current]["parent"]
         return False
 
     def _parent_for(self, node: str) -> tuple[str | None, Any]:
@@ -105,7 +103,7 @@ class Directory:
         the store. ``whole``: its region is whole already; it only serves (no parent)."""
         if node not in self.members:
             self.joined += 1
-            self.members[node] = {"server": server, "parent": None, "order": self.joined}
+            self.members[node] = {"parent": None, "order": self.joined}
         self.members[node]["server"] = server
         if whole:
             self.members[node]["parent"] = None
@@ -167,9 +165,8 @@ def read_range(region: Path, name: str, start: int, end: int) -> bytes:
                     data = os.pread(f.fileno(), end - start + 1, start)
                 if len(data) == end - start + 1:
                     return data
-        for mark in (FAILED, UNSHARED):
-            if (region / mark).exists():
-                raise RuntimeError(f"{region} cannot serve {name}: its pull stopped")
+        if any((region / mark).exists() for mark in (FAILED, UNSHARED)):
+            raise RuntimeError(f"{region} cannot serve {name}: its pull stopped")
         if not (region / CREATED).exists():
             raise FileNotFoundError(f"{region} was removed")
         if have != last:
@@ -189,9 +186,8 @@ def file_digest(region: Path, name: str) -> str:
         if found is None and done(region, name):  # kept from before digests: hash it
             with open(region / name, "rb") as f:
                 return hashlib.file_digest(f, "sha256").hexdigest()
-        for mark in (FAILED, UNSHARED):
-            if (region / mark).exists():
-                raise RuntimeError(f"{region} cannot vouch for {name}: its pull stopped")
+        if any((region / mark).exists() for mark in (FAILED, UNSHARED)):
+            raise RuntimeError(f"{region} cannot vouch for {name}: its pull stopped")
         if time.monotonic() > deadline:
             raise TimeoutError(f"{region}: {name} not whole after {STALL_S}s")
         time.sleep(POLL_S)
@@ -217,25 +213,17 @@ class PeerRead:
     """A node's reads of its region's files: from its parent in the tree, or the store
     (``store_read``) when it has none; a parent that fails is reported and replaced."""
 
-    def __init__(
-        self,
-        region: Path,
-        directory: Any,
-        node: str,
-        parent: tuple[str | None, Any],
-        server_pid: int | None,
-        store_read: Callable[[str, int, int], bytes],
-    ):
-        self.region, self.directory, self.node = region, directory, node
-        self.parent, self.server = parent
-        self.server_pid = server_pid
-        self.store_read = store_read
+    def __init__(self, region: Path, node: str, store_read: Callable[[str, int, int], bytes]):
+        self.region, self.node, self.store_read = region, node, store_read
+        self.directory: Any = None  # none, and no parent, until :meth:`attach`
+        self.parent: str | None = None
+        self.server: Any = None
+        self.server_pid: int | None = None
         self.lock = threading.Lock()
         self.generation = 0
         self.peer_bytes = 0
         self.store_bytes = 0
         self.lost: list[str] = []
-        self._record()
 
     def _record(self) -> None:
         """``.peer.json``: this node, where it reads from, the pid of its own server."""
@@ -288,19 +276,18 @@ class PeerRead:
             return None
         return str(found[1]), f"peer node {found[0][:16]}"
 
-    def attach(self, fanout: int) -> None:
-        """Join the tree beside the pull (this node was alone in its cluster when its pull
-        began: it reads the store meanwhile); where the directory gives it a parent (a node
-        that joined first), the ranges not yet read come from that peer."""
+    def attach(self, fanout: int) -> bool:
+        """Join the tree (:func:`_attach`; False where that failed: the store); where the
+        directory gives this node a parent, the ranges not yet read come from that peer. A
+        node alone in its cluster attaches beside its pull, reading the store meanwhile."""
         joined = _attach(self.region, self.node, fanout)
         if joined is None:
-            return
-        directory, parent, server_pid = joined
+            return False
         with self.lock:
-            self.directory, self.server_pid = directory, server_pid
-            self.parent, self.server = parent
+            self.directory, (self.parent, self.server), self.server_pid = joined
             self.generation += 1
             self._record()
+        return True
 
     def _replace(self, parent: str, generation: int, exc: BaseException) -> None:
         import ray
@@ -392,23 +379,21 @@ def join(
 
     if not ray.is_initialized():
         return None
-    node = ray.get_runtime_context().get_node_id()
+    peer = PeerRead(region, ray.get_runtime_context().get_node_id(), store_read)
     if cluster_nodes() < 2:
-        alone = PeerRead(region, None, node, (None, None), None, store_read)
+        peer._record()
         threading.Thread(
-            target=alone.attach, args=(fanout,), daemon=True, name="rsl-peers-join"
+            target=peer.attach, args=(fanout,), daemon=True, name="rsl-peers-join"
         ).start()
-        return alone
-    joined = _attach(region, node, fanout)
-    if joined is None:
+        return peer
+    if not peer.attach(fanout):
         return None
-    directory, parent, server_pid = joined
     logger.info(
         "Weights of %s from %s",
         region,
-        f"peer node {parent[0][:16]}" if parent[0] else "the store",
+        f"peer node {peer.parent[:16]}" if peer.parent else "the store",
     )
-    return PeerRead(region, directory, node, parent, server_pid, store_read)
+    return peer
 
 
 def serve(region: Path, fanout: int) -> None:
