@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +54,14 @@ def _gib(n: int | float) -> str:
     return f"{n / GiB:.2f} GiB"
 
 
+# per cgroup version: its usage file, its limit file, and the names memory.stat gives the
+# inactive file cache (v1's hierarchical total first)
+_FILES: dict[int, tuple[str, str, tuple[str, ...]]] = {
+    2: ("memory.current", "memory.max", ("inactive_file",)),
+    1: ("memory.usage_in_bytes", "memory.limit_in_bytes", ("total_inactive_file", "inactive_file")),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class CgroupLevel:
     """One memory cgroup on the way from this process's to the hierarchy's root."""
@@ -63,7 +70,6 @@ class CgroupLevel:
     version: int  # 1 or 2
     limit: int | None  # None: no limit at this level
     usage: int  # bytes charged, less the reclaimable file cache
-    cache: int = 0  # the inactive file cache subtracted from the charge
 
     @property
     def headroom(self) -> int | None:
@@ -71,7 +77,7 @@ class CgroupLevel:
 
     @property
     def limit_file(self) -> str:
-        return "memory.max" if self.version == 2 else "memory.limit_in_bytes"
+        return _FILES[self.version][1]
 
 
 def _read_int(path: Path) -> int | None:
@@ -103,16 +109,17 @@ def _stat_value(directory: Path, names: tuple[str, ...]) -> int:
     return 0
 
 
-def _mounts(mountinfo: str) -> list[tuple[str, str, str, str]]:
-    """(root, mount point, fstype, super options) of each cgroup mount."""
+def _mounts(mountinfo: str) -> list[tuple[str, str, int]]:
+    """(root, mount point, version) of each cgroup v2 mount and cgroup v1 memory mount."""
     found = []
     for line in mountinfo.splitlines():
         head, sep, tail = line.partition(" - ")
         fields, rest = head.split(), tail.split()
         if not sep or len(fields) < 5 or len(rest) < 3:
             continue
-        if rest[0] in ("cgroup", "cgroup2"):
-            found.append((fields[3], fields[4].replace("\\040", " "), rest[0], rest[2]))
+        if rest[0] == "cgroup2" or (rest[0] == "cgroup" and "memory" in rest[2].split(",")):
+            version = 2 if rest[0] == "cgroup2" else 1
+            found.append((fields[3], fields[4].replace("\\040", " "), version))
     return found
 
 
@@ -123,14 +130,6 @@ def _directory(mount_point: str, mount_root: str, path: str) -> Path:
     candidate = Path(mount_point) / path.lstrip("/")
     # a cgroup namespace shows "/" or a path the mount does not have: the mount is ours
     return candidate if candidate.is_dir() else Path(mount_point)
-
-
-def _walk(directory: Path, top: Path) -> Iterable[Path]:
-    while True:
-        yield directory
-        if directory == top or top not in directory.parents:
-            return
-        directory = directory.parent
 
 
 def cgroup_levels(proc: str = "/proc/self") -> list[CgroupLevel]:
@@ -146,40 +145,32 @@ def cgroup_levels(proc: str = "/proc/self") -> list[CgroupLevel]:
     for line in cgroups:
         hierarchy, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
-        v2 = hierarchy == "0" and controllers == ""
-        if not v2 and "memory" not in controllers.split(","):
+        version = 2 if hierarchy == "0" and controllers == "" else 1
+        if version == 1 and "memory" not in controllers.split(","):
             continue
-        for root, point, fstype, options in mounts:
-            if v2 and fstype != "cgroup2":
+        for root, point, mounted in mounts:
+            if mounted != version:
                 continue
-            if not v2 and (fstype != "cgroup" or "memory" not in options.split(",")):
-                continue
-            top = Path(point)
-            for directory in _walk(_directory(point, root, path), top):
-                level = _level(directory, 2 if v2 else 1)
-                if level is not None:
+            start = _directory(point, root, path)  # the mount point or a directory below it
+            for directory in (start, *start.parents):  # up to the mount point
+                if (level := _level(directory, version)) is not None:
                     levels.append(level)
+                if directory == Path(point):
+                    break
             break
     return levels
 
 
 def _level(directory: Path, version: int) -> CgroupLevel | None:
-    cache_names: tuple[str, ...]
-    if version == 2:
-        usage_file, limit_file, cache_names = "memory.current", "memory.max", ("inactive_file",)
-    else:
-        usage_file, limit_file = "memory.usage_in_bytes", "memory.limit_in_bytes"
-        cache_names = ("total_inactive_file", "inactive_file")
+    usage_file, limit_file, cache_names = _FILES[version]
     if not (directory / limit_file).exists():
         return None  # v2 without the memory controller here, or the v2 root
-    usage = _read_int(directory / usage_file)
-    cache = _stat_value(directory, cache_names)
+    usage = _read_int(directory / usage_file) or 0
     return CgroupLevel(
         path=str(directory),
         version=version,
         limit=_read_int(directory / limit_file),
-        usage=max(0, (usage or 0) - cache),
-        cache=cache,
+        usage=max(0, usage - _stat_value(directory, cache_names)),
     )
 
 
@@ -267,12 +258,6 @@ def regions_under(base: Path, exclude: Path | None = None) -> Regions:
         present += counted[0]
         pending += counted[1]
     return Regions(count, present, pending)
-
-
-def region_present(region: Path | None) -> int:
-    """Bytes already written into ``region``'s weight files (whole or partial)."""
-    counted = _region_bytes(region) if region is not None else None
-    return counted[0] if counted else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -375,18 +360,17 @@ def memory_problem(
     *,
     region: Path | None = None,
     kv_cache_engines: int = 0,
-    margin: int = MARGIN,
-    levels: list[CgroupLevel] | None = None,
 ) -> str | None:
     """Why a region of ``weight_bytes`` cannot fit under ``base`` now, or None.
 
     ``region``: the region being pulled (its bytes already written are not needed again;
     it is not counted among the others). ``kv_cache_engines``: engines of this node
     whose CPU KV cache (:func:`kv_cache_default_bytes`) is still to be reserved."""
-    view = memory_view(levels)
+    view = memory_view()
     regions = regions_under(base, exclude=region)
-    weights = max(0, weight_bytes - region_present(region))
-    remaining = view.available - weights - regions.pending - margin
+    mine = _region_bytes(region) if region is not None else None
+    weights = max(0, weight_bytes - (mine[0] if mine else 0))
+    remaining = view.available - weights - regions.pending - MARGIN
     kv = kv_cache_engines * kv_cache_default_bytes(max(0, remaining))
     return assess(
         weight_bytes=weights,
@@ -394,7 +378,6 @@ def memory_problem(
         kv_cache_bytes=kv,
         tmpfs=tmpfs_at(base),
         view=view,
-        margin=margin,
         base=str(base),
     )
 

@@ -319,7 +319,7 @@ def test_regions_under_a_base_count_what_their_markers_plan(base):
     found = regions_under(base)
     assert (found.count, found.present, found.pending) == (1, 12 * MiB, 72 * MiB)
     assert regions_under(base, exclude=other) == Regions()
-    assert memory.region_present(other) == 12 * MiB
+    assert memory._region_bytes(other) == (12 * MiB, 72 * MiB)
 
 
 # --- under a real memory cap ------------------------------------------------------------
