@@ -292,15 +292,14 @@ def _pull(
         def store_read(name: str, first: int, last: int) -> bytes:
             return stores.read(client, uri, name, deadline, first, last, etag=etags[name])
 
-        read: Read = store_read
         peer = None
         if missing and (peers_served := fanout(region)):
             from ray_stream_llm.weights import peers
 
             peer = peers.join(region, store_read, peers_served)
-            read = peer or store_read
+        read: Read = peer or store_read
+        expected = peer.digest if peer else None
         with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
-            expected = peer.digest if peer else None
             for obj in missing:  # file by file, its ranges in parallel
                 pulled += _pull_file(uri, obj, region, read, pool, expected)
         status: dict[str, Any] = {
