@@ -73,8 +73,8 @@ class Directory:
 
     def __init__(self, fanout: int) -> None:
         self.fanout = fanout
-        self.members: dict[str, dict[str, Any]] = {}  # node -> server, parent, order
-        self.joined = 0
+        # node -> server, parent; in the order the nodes joined (the earliest is asked first)
+        self.members: dict[str, dict[str, Any]] = {}
 
     def _children(self, node: str) -> int:
         return sum(1 for m in self.members.values() if m["parent"] == node)
@@ -89,22 +89,15 @@ class Directory:
         return False
 
     def _parent_for(self, node: str) -> tuple[str | None, Any]:
-        candidates = sorted(
-            (m["order"], n)
-            for n, m in self.members.items()
-            if not self._below(node, n) and self._children(n) < self.fanout
-        )
-        parent = candidates[0][1] if candidates else None
+        room = (n for n in self.members if self._children(n) < self.fanout)
+        parent = next((n for n in room if not self._below(node, n)), None)
         self.members[node]["parent"] = parent
         return parent, (self.members[parent]["server"] if parent else None)
 
     def join(self, node: str, server: Any, whole: bool = False) -> tuple[str | None, Any]:
         """``node`` fills its region: its parent's node and server, or (None, None) for
         the store. ``whole``: its region is whole already; it only serves (no parent)."""
-        if node not in self.members:
-            self.joined += 1
-            self.members[node] = {"parent": None, "order": self.joined}
-        self.members[node]["server"] = server
+        self.members.setdefault(node, {"parent": None})["server"] = server
         if whole:
             self.members[node]["parent"] = None
             return None, None
