@@ -87,7 +87,7 @@ def read_reports(directory: str, keep: Callable[[str], bool] = lambda name: True
 FIX_ENV = "RAY_STREAM_LLM_AOT_LOAD_FIX"
 SUBDIR = "compile"
 logger = logging.getLogger(__name__)
-_PATCHED = "_rsl_compile_measured"
+_PATCHED = "_rsl_patched"  # on each of vLLM's functions replaced here: a second register() keeps it
 
 
 def install(directory: str | None) -> None:
@@ -148,9 +148,6 @@ def fix_aot_load() -> bool:
 
 
 # --- one key per model on every node ---------------------------------------------------------
-_KEYED = "_rsl_region_keyed"
-
-
 def region_identity(weights: Any) -> str | None:
     """What a node's shared region stands for in a compile cache key: its name (a digest of
     the model URI and its objects' sizes and ETags, ``node_weights.region_for``) without its
@@ -209,13 +206,11 @@ def stable_key() -> bool:
     original = getattr(caching, "aot_compile_hash_factors", None)
     if original is None:
         return False
-    if getattr(original, _KEYED, False):
+    if getattr(original, _PATCHED, False):
         return True
 
     def stable(vllm_config: Any) -> list[str]:
         model_config = getattr(vllm_config, "model_config", None)
-        if model_config is None:
-            return list(original(vllm_config))
         saved = {name: getattr(model_config, name, None) for name in ("model", "model_weights")}
         found = {
             "model": metadata_identity(saved["model"]),
@@ -239,7 +234,7 @@ def stable_key() -> bool:
     def aot_compile_hash_factors(vllm_config: Any) -> list[str]:
         return [*stable(vllm_config), key_factor(target())]
 
-    setattr(aot_compile_hash_factors, _KEYED, True)
+    setattr(aot_compile_hash_factors, _PATCHED, True)
     aot_compile_hash_factors.__wrapped__ = original  # type: ignore[attr-defined]
     caching.aot_compile_hash_factors = aot_compile_hash_factors
     return True
@@ -248,9 +243,9 @@ def stable_key() -> bool:
 # --- one compile per node -----------------------------------------------------------------
 WAIT_ENV = "RAY_STREAM_LLM_COMPILE_WAIT_S"
 DEFAULT_WAIT_S = 1800.0
-_ONCE = "_rsl_compile_once"
 _held: dict[str, HeldLock] = {}  # artifact path -> the lock this process holds
 _artifacts: list[str] = []  # the AOT artifact paths this process's engine looked up
+_recording: list[_Recorder] = []  # this process's compile record, once measure() ran
 # in vLLM's processes only vLLM's logger has a handler: its child shows with vLLM's lines
 _engine_log = logging.getLogger("vllm.ray_stream_llm")
 
@@ -311,15 +306,14 @@ def compile_once() -> bool:
     """Engines of a node that start together compile once: vLLM's
     ``_try_load_aot_compiled_fn`` finds no artifact, then :func:`claim_or_wait` lets one
     process compile and the others load what it saves; the lock is released when its
-    compile block (``monitor_torch_compile``, which ends after the save) ends. Whether it
+    compile block (:func:`wrap_compile_block`), which ends after the save, ends. Whether it
     is in place."""
     from vllm.compilation import decorators
 
     loader = getattr(decorators, "_try_load_aot_compiled_fn", None)
-    monitor = getattr(decorators, "monitor_torch_compile", None)
-    if loader is None or monitor is None:
+    if loader is None or not wrap_compile_block():
         return False
-    if getattr(loader, _ONCE, False):
+    if getattr(loader, _PATCHED, False):
         return True
 
     def _try_load_aot_compiled_fn(model: Any, aot_compilation_path: str) -> Any:
@@ -334,19 +328,40 @@ def compile_once() -> bool:
             logger.debug("no compile lock", exc_info=True)
             return None
 
+    setattr(_try_load_aot_compiled_fn, _PATCHED, True)
+    # vLLM's own function stays reachable (inspect.unwrap): the load fix's check reads its source
+    _try_load_aot_compiled_fn.__wrapped__ = loader  # type: ignore[attr-defined]
+    decorators._try_load_aot_compiled_fn = _try_load_aot_compiled_fn
+    return True
+
+
+def wrap_compile_block() -> bool:
+    """vLLM's compile block (``monitor_torch_compile``: an AOT load attempt, or a compile and
+    its save), wrapped once per process: when a block ends, the compile locks this process
+    holds are released (:func:`compile_once`) and, once :func:`measure` ran, its seconds
+    are recorded. Whether it is in place."""
+    from vllm.compilation import decorators
+
+    original = getattr(decorators, "monitor_torch_compile", None)
+    if original is None:
+        return False
+    if getattr(original, _PATCHED, False):
+        return True
+
     @contextlib.contextmanager
     def monitor_torch_compile(*args: Any, **kwargs: Any) -> Iterator[None]:
+        begin = time.perf_counter()
         try:
-            with monitor(*args, **kwargs):
+            with original(*args, **kwargs):
                 yield
         finally:
             _release()  # this process's compile (and its save) ended
+            for recorder in _recording:
+                recorder.seconds += time.perf_counter() - begin
+                recorder.blocks += 1
+                recorder.write()
 
-    setattr(_try_load_aot_compiled_fn, _ONCE, True)
-    # vLLM's own function stays reachable (inspect.unwrap): the load fix's check reads its source
-    _try_load_aot_compiled_fn.__wrapped__ = loader  # type: ignore[attr-defined]
-    setattr(monitor_torch_compile, _ONCE, True)
-    decorators._try_load_aot_compiled_fn = _try_load_aot_compiled_fn
+    setattr(monitor_torch_compile, _PATCHED, True)
     decorators.monitor_torch_compile = monitor_torch_compile
     return True
 
@@ -421,28 +436,10 @@ def tensor_parallel_rank() -> int | None:
 
 
 def measure(directory: str) -> None:
-    """Time vLLM's ``monitor_torch_compile`` blocks in this process and record them."""
-    from vllm.compilation import decorators
-
-    original = getattr(decorators, "monitor_torch_compile", None)
-    if original is None or getattr(original, _PATCHED, False):
-        return
-    recorder = _Recorder(directory)
-    logging.getLogger("vllm").addHandler(recorder)
-
-    @contextlib.contextmanager
-    def monitor_torch_compile(*args: Any, **kwargs: Any) -> Iterator[None]:
-        begin = time.perf_counter()
-        try:
-            with original(*args, **kwargs):
-                yield
-        finally:
-            recorder.seconds += time.perf_counter() - begin
-            recorder.blocks += 1
-            recorder.write()
-
-    setattr(monitor_torch_compile, _PATCHED, True)
-    decorators.monitor_torch_compile = monitor_torch_compile
+    """Time vLLM's compile blocks in this process and record them (once per process)."""
+    if not _recording and wrap_compile_block():
+        _recording.append(_Recorder(directory))
+        logging.getLogger("vllm").addHandler(_recording[0])
 
 
 # --- in the engine actor ---------------------------------------------------------------------
