@@ -129,13 +129,13 @@ class _Prefix:
         self.client: Client = self.backend.make_client(store, self.deadline)
         self.listing: dict[str, ObjectInfo] = {}
 
-    def names(self) -> dict[str, int]:
+    def names(self) -> dict[str, ObjectInfo]:
         objects = self.deadline.call(
             f"listing {str(self.uri)!r}",
             lambda: list(self.backend.list_objects(self.client, self.uri)),
         )
         self.listing = {o.path: o for o in objects}
-        return {o.path: o.size for o in objects}
+        return self.listing
 
     def get(self, name: str, dest: Path) -> None:
         stores.download(self.client, self.uri, self.listing[name], str(dest), self.deadline)
@@ -146,12 +146,6 @@ class _Prefix:
     def put(self, local: Path, name: str) -> None:
         where = f"writing {name!r} under {str(self.uri)!r}"
         self.deadline.call(where, self.backend.write, self.client, self.uri, name, str(local))
-
-    def put_json(self, name: str, value: dict[str, Any]) -> None:
-        with tempfile.TemporaryDirectory(prefix="rsl-compile-") as tmp:
-            local = Path(tmp) / os.path.basename(name)
-            local.write_text(json.dumps(value, sort_keys=True))
-            self.put(local, name)
 
 
 def _sha256(path: Path) -> str:
@@ -187,7 +181,7 @@ def fetch(uri: str, key: CacheKey, root: Path, store: ObjectStoreConfig | None) 
         if not digest.isalnum():
             continue
         try:
-            _unpack(prefix, key, mine + digest, names, dest)
+            _unpack(prefix, key, mine + digest, dest)
             result.hashes.append(digest)
         except Exception as exc:
             why = str(exc) if isinstance(exc, _OtherTarget) else _why(exc)
@@ -222,13 +216,14 @@ def _other_targets(prefix: _Prefix, key: CacheKey, markers: list[str], most: int
     return reasons
 
 
-def _unpack(prefix: _Prefix, key: CacheKey, name: str, names: dict[str, int], dest: Path) -> None:
+def _unpack(prefix: _Prefix, key: CacheKey, name: str, dest: Path) -> None:
     want = prefix.get_json(name + DONE)
     other = compile_target.mismatch(want.get("target"), key.target)
     if other is not None:  # an artifact moved under this key, or of an earlier library
         raise _OtherTarget(other)
-    if names.get(name + TAR) != want.get("size"):
-        raise ValueError(f"the tar's size is {names.get(name + TAR)}, its marker says {want}")
+    size = getattr(prefix.listing.get(name + TAR), "size", None)
+    if size != want.get("size"):
+        raise ValueError(f"the tar's size is {size}, its marker says {want}")
     digest = dest.name
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{digest}.rsl-", dir=dest.parent))
@@ -270,8 +265,10 @@ def ship(uri: str, key: CacheKey, artifact_dir: Path, store: ObjectStoreConfig |
                 "sha256": _sha256(tar_path),
                 "target": key.target,
             }
+            marker_path = Path(tmp) / (artifact_dir.name + DONE)
+            marker_path.write_text(json.dumps(marker, sort_keys=True))
             prefix.put(tar_path, name + TAR)
-            prefix.put_json(name + DONE, marker)
+            prefix.put(marker_path, name + DONE)
     except Exception as exc:
         logger.warning("compile cache artifact %s not shipped to %s (%s)", name, uri, _why(exc))
         return False
