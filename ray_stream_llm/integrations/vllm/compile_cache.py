@@ -272,8 +272,8 @@ def claim_or_wait(artifact: str, load: Any, wait_s: float | None = None) -> Any:
     while the holder lives and has not finished: then this process compiles itself."""
     lock = _lock_path(artifact)
     wait_s = float(os.environ.get(WAIT_ENV, DEFAULT_WAIT_S)) if wait_s is None else wait_s
-    deadline = time.monotonic() + wait_s
     start = time.monotonic()
+    deadline = start + wait_s
     while True:
         held = try_locked(lock)
         if held is not None:  # nobody compiles it now
