@@ -81,11 +81,13 @@ class Directory:
 
     def _below(self, node: str, other: str) -> bool:
         """Whether ``other`` is ``node`` or below it in the tree."""
+        seen: set[str] = set()  # never a loop, even on a tree this code did not expect
         current: str | None = other
-        while current is not None:  # every parent is a member, and no node is its own ancestor
+        while current is not None and current not in seen:
             if current == node:
                 return True
-            current = self.members[current]["parent"]
+            seen.add(current)
+            current = self.members.get(current, {}).get("parent")
         return False
 
     def _parent_for(self, node: str) -> tuple[str | None, Any]:
