@@ -32,7 +32,7 @@ DRIVER = HELPERS / "lora_driver.py"
 def test_engine_serves_the_adapter_from_the_same_store(s3_server, tiny_models, work, tmp_path):
     """Real Ray, real CPU vLLM, the store set only in the config: each question asked of
     the base model, of ``loud`` and of ``zero``. ``loud``'s answers differ from the base
-    model's from their first token, ``zero``'s first token is the base model's;
+    model's from their first token, ``zero``'s are the base model's, token for token;
     the store served each adapter's files, signed with the config's keys, and no adapter
     weight was left on local disk."""
     model = tiny_models["single"]
@@ -63,14 +63,15 @@ def test_engine_serves_the_adapter_from_the_same_store(s3_server, tiny_models, w
     answers = {(r["model"], r["question"]): r["answer"] for r in rows}
     tokens = {(r["model"], r["question"]): r["tokens"] for r in rows}
     assert all(answers[(model.uri, q)] for q in questions), answers
-    # Greedy decoding of a random-weight model meets near-ties after a token or two, and
-    # there the batch a row runs in (its float sums) decides: clean-clone runs saw zero's
-    # answer leave the base model's at the sixth token (c12) and at the third (c15). The
-    # adapters show in the first token, decided by the prompt alone: loud changes it for
-    # every question, zero for none.
+    # The engine runs one sequence at a time (the driver's max_num_seqs=1): with eight at
+    # once, the rows beside a row changed its float sums, and greedy decoding of the random
+    # model, full of near-ties, followed them (c12, c15: zero left the base model's answer
+    # at its sixth and third token; c54: at its first, while loud kept the base model's
+    # first token). Alone, the zero adapter (B = 0) adds exactly nothing: its answer is the
+    # base model's, token for token; loud changes the first token of every question.
     for q in questions:
         base, loud, zero = (tokens[(m, q)] for m in (model.uri, "loud", "zero"))
-        assert zero[0] == base[0] and loud[0] != base[0], (q, base, loud, zero)
+        assert zero == base and loud[0] != base[0], (q, base, loud, zero)
 
     prefix = lora_path[len("s3://models/") :]
     served = [r for r in log.requests() if r.key.startswith(prefix) and r.method == "GET"]

@@ -36,6 +36,8 @@ def main() -> None:
             "max_lora_rank": 8,
             "max_loras": 2,
             "max_model_len": 256,
+            # one sequence at a time: every row is computed alone, whatever rows run beside it
+            "max_num_seqs": 1,
         },
         dynamic_lora_loading_path=spec["lora_path"],
         object_store=ObjectStoreConfig(**spec["object_store"]),
