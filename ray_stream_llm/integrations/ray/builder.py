@@ -411,34 +411,41 @@ def build_streaming_processor(
     finish_at_exit_of_this_process()
     secrets = {name: settings.env[name] for name in settings.secret_env}
     secret_env = SecretEnv(secrets) if secrets else None
-    streamed = config.streams_from_object_store
-    if streamed and driver_dir is None:
+    if not config.streams_from_object_store:
+        # Ray's own path; its downloader runs here in the driver and reads os.environ.
+        with scoped_env(settings.env):
+            cluster = cluster_resources(config)
+            updates = resource_defaults(config, cluster)
+            updates.update(store_updates(config, settings, updates))
+            processor, _ = _build_ray_graph(config, cluster, updates, **kwargs)
+        # The only changes to Ray's UDFs: the secrets delivered, the engine's load reported.
+        _swap_udfs(processor, secret_env=secret_env)
+        _deliver_env(processor, settings, config)
+        wait_for_initial_actors(processor, ENGINE_START_WAIT_S)
+        processor.config = config
+        return processor
+
+    if driver_dir is None:
         raise ValueError("a streamed build needs the preflight's metadata directory")
-    uri = parse_model_uri(config.model_source) if streamed else None
-    # Ray's own path (not streamed): its downloader runs here in the driver and reads os.environ
-    with scoped_env({} if streamed else settings.env):
-        cluster = cluster_resources(config)
-        updates = resource_defaults(config, cluster)
-        updates.update(store_updates(config, settings, updates))
-        if streamed:
-            updates["model_source"] = driver_dir
-        processor, engine_on_cpu = _build_ray_graph(config, cluster, updates, **kwargs)
-    plan = None  # Ray's own path: its UDFs only get the secrets and report the engine's load
-    if uri is not None:
-        plan = Plan(
-            uri=uri,
-            sharing=resolve_sharing(config, updates, engine_on_cpu),
-            load_retries=config.load_retries,
-            load_retry_backoff_s=config.load_retry_backoff_s,
-            compile_cache_uri=config.compile_cache_uri,
-            weight_checksums=config.weight_checksums,
-        )
+    uri = parse_model_uri(config.model_source)
+    cluster = cluster_resources(config)
+    updates = resource_defaults(config, cluster)
+    updates.update(store_updates(config, settings, updates))
+    updates["model_source"] = driver_dir
+    processor, engine_on_cpu = _build_ray_graph(config, cluster, updates, **kwargs)
+    plan = Plan(
+        uri=uri,
+        sharing=resolve_sharing(config, updates, engine_on_cpu),
+        load_retries=config.load_retries,
+        load_retry_backoff_s=config.load_retry_backoff_s,
+        compile_cache_uri=config.compile_cache_uri,
+        weight_checksums=config.weight_checksums,
+    )
     _swap_udfs(processor, secret_env=secret_env, plan=plan, driver_dir=driver_dir)
     _deliver_env(processor, settings, config)
     wait_for_initial_actors(processor, ENGINE_START_WAIT_S)
     processor.config = config
-    if uri is not None:
-        logger.info("Built a streaming processor for %s: stages %s", uri, list(processor.stages))
+    logger.info("Built a streaming processor for %s: stages %s", uri, list(processor.stages))
     return processor
 
 
