@@ -1,10 +1,11 @@
 """Files other processes of the node may see: written whole or not at all
-(:func:`write_whole`), and the library's one file lock (:func:`locked`,
-:func:`try_locked`)."""
+(:func:`write_whole`), the library's one file lock (:func:`locked`, :func:`try_locked`),
+and a file's SHA-256 (:func:`sha256_of`)."""
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import threading
 from pathlib import Path
@@ -21,6 +22,12 @@ def write_whole(path: str | os.PathLike[str], text: str) -> None:
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def sha256_of(path: str | os.PathLike[str]) -> str:
+    """The hex SHA-256 of the file at ``path``, read in chunks."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 class HeldLock:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -51,6 +50,7 @@ from ray_stream_llm.errors import (
     ShardWriteError,
     WeightSharingError,
 )
+from ray_stream_llm.files import sha256_of
 from ray_stream_llm.manifest import (
     SHARD_DONE_MARKER,
     SHARD_PARTIAL_MARKER,
@@ -163,11 +163,6 @@ def _remove_stale_stages(stage: Path) -> None:
             shutil.rmtree(entry, ignore_errors=True)
         except PermissionError:
             continue
-
-
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 class _Output:
@@ -486,7 +481,7 @@ def _is_there(out: _Output, entry: dict[str, Any], listing: dict[str, Any]) -> b
 def _upload_once(
     out: _Output, local: Path, name: str, listing: dict[str, Any], result: ShardResult
 ) -> str:
-    sha = _sha256(local)
+    sha = sha256_of(local)
     found = listing.get(name)
     if found is not None and found.size == local.stat().st_size and out.sha256_of(name) == sha:
         return sha
@@ -617,7 +612,7 @@ def _upload_ranks(
         {
             "path": path.name,
             "size": path.stat().st_size,
-            "sha256": _sha256(path),
+            "sha256": sha256_of(path),
             "rank": int(path.name.split("-")[2]),
         }
         for path in staged

@@ -1,5 +1,6 @@
 """The library's one file lock (ray_stream_llm.files.locked), between real processes: the
-kernel's own table of locks (/proc/locks) shows when a process waits for one."""
+kernel's own table of locks (/proc/locks) shows when a process waits for one; and a file's
+SHA-256 (files.sha256_of) against the sha256sum tool's."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from helpers.waiting import wait_until
 
-from ray_stream_llm.files import locked, try_locked
+from ray_stream_llm.files import locked, sha256_of, try_locked
 
 # holds the lock at argv[1] until a line comes ("unlink": removes the lock file first), then
 # prints the moment it lets go
@@ -122,3 +123,12 @@ def test_a_lock_is_not_reentrant_and_released_once(tmp_path):
     again = try_locked(path)
     assert again is not None
     again.release()
+
+
+def test_sha256_of_is_the_sha256sum_tools_digest(tmp_path):
+    """Over several of its read chunks, and for an empty file."""
+    for name, data in (("big", os.urandom(3 << 20) + b"tail"), ("empty", b"")):
+        path = tmp_path / name
+        path.write_bytes(data)
+        tool = subprocess.run(["sha256sum", str(path)], capture_output=True, text=True, check=True)
+        assert sha256_of(path) == tool.stdout.split()[0], name

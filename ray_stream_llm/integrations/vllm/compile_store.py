@@ -45,6 +45,7 @@ from typing import Any
 
 from ray_stream_llm import stores
 from ray_stream_llm.errors import RayStreamLLMError
+from ray_stream_llm.files import sha256_of
 from ray_stream_llm.integrations.vllm import compile_target
 from ray_stream_llm.integrations.vllm.compile_cache import metadata_identity
 from ray_stream_llm.redact import redact
@@ -148,11 +149,6 @@ class _Prefix:
         self.deadline.call(where, self.backend.write, self.client, self.uri, name, str(local))
 
 
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 class _OtherTarget(ValueError):
     """The artifact was compiled for another target than this node's."""
 
@@ -230,7 +226,7 @@ def _unpack(prefix: _Prefix, key: CacheKey, name: str, dest: Path) -> None:
     try:
         tar_path = staging / "artifact.tar"
         prefix.get(name + TAR, tar_path)
-        if _sha256(tar_path) != want.get("sha256"):
+        if sha256_of(tar_path) != want.get("sha256"):
             raise ValueError("the tar's SHA-256 differs from its marker's")
         with tarfile.open(tar_path) as tar:
             tar.extractall(staging / "out", filter="data")
@@ -262,7 +258,7 @@ def ship(uri: str, key: CacheKey, artifact_dir: Path, store: ObjectStoreConfig |
                 tar.add(artifact_dir, arcname=artifact_dir.name, filter=_skip_temporary)
             marker = {
                 "size": tar_path.stat().st_size,
-                "sha256": _sha256(tar_path),
+                "sha256": sha256_of(tar_path),
                 "target": key.target,
             }
             marker_path = Path(tmp) / (artifact_dir.name + DONE)
