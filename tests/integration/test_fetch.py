@@ -39,6 +39,7 @@ from ray_stream_llm.errors import (
     UnsafeObjectKeyError,
 )
 from ray_stream_llm.fetch import MARKER, default_metadata_dir, fetch_model_metadata
+from ray_stream_llm.integrations.ray.udfs import local_metadata
 from ray_stream_llm.tools.localstore import LocalS3Server
 from ray_stream_llm.uri import parse_model_uri
 
@@ -534,6 +535,34 @@ def test_prefix_without_config_json(
     assert "config.json" in str(info.value)
     assert not default_metadata_dir(uri).exists()
     assert not _leftover_temp(Path(s3_env["RAY_STREAM_LLM_CACHE"]))
+
+
+def test_a_tokenizer_given_as_a_uri_is_fetched_without_a_config_and_a_local_one_kept(
+    s3_server: LocalS3Server, s3_env: dict[str, str], tiny_models: dict[str, UploadedModel]
+) -> None:
+    """``engine_kwargs["tokenizer"]`` as the engine actor reads it
+    (``integrations.ray.udfs.local_metadata``): a store prefix of tokenizer files alone (no
+    config.json) comes down to the local metadata directory, its safetensors left in the
+    store; a local directory and a Hub id stay as they were."""
+    local = tiny_models["single"].local
+    uri = f"s3://{BUCKET}/tiny/fetch-test/tokenizer-{uuid.uuid4().hex[:8]}/"
+    for name in ("tokenizer.json", "tokenizer_config.json", "model.safetensors"):
+        s3_server.put(uri + name, (local / name).read_bytes())
+    log = AccessLog(s3_server)
+
+    path = local_metadata(uri)
+
+    assert Path(path) == default_metadata_dir(uri)
+    assert _files(Path(path)) == {"tokenizer.json", "tokenizer_config.json"}
+    assert set(log.gets(prefix_of(uri))) == {
+        prefix_of(uri) + "tokenizer.json",
+        prefix_of(uri) + "tokenizer_config.json",
+    }
+    assert local_metadata(path) == path
+    assert (
+        local_metadata("HuggingFaceTB/SmolLM2-135M-Instruct")
+        == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    )
 
 
 @pytest.mark.parametrize("wrong", ["secret", "key id"])
