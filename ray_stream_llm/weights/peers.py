@@ -35,7 +35,6 @@ is removed.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -46,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_stream_llm.actors import NAMESPACE, agent_name, library_actor
-from ray_stream_llm.files import write_whole
+from ray_stream_llm.files import sha256_of, write_whole
 from ray_stream_llm.weights.marks import (
     CREATED,
     FAILED,
@@ -179,8 +178,7 @@ def file_digest(region: Path, name: str) -> str:
     deadline = time.monotonic() + STALL_S
     while (found := digest_of(region, name)) is None or not done(region, name):
         if found is None and done(region, name):  # kept from before digests: hash it
-            with open(region / name, "rb") as f:
-                return hashlib.file_digest(f, "sha256").hexdigest()
+            return sha256_of(region / name)
         if any((region / mark).exists() for mark in (FAILED, UNSHARED)):
             raise RuntimeError(f"{region} cannot vouch for {name}: its pull stopped")
         if time.monotonic() > deadline:
