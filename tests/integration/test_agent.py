@@ -395,7 +395,7 @@ def test_the_agents_pull_outlives_its_own_kill_and_the_asker_with_the_askers_set
     import ray
 
     from ray_stream_llm.weights import marks
-    from ray_stream_llm.weights.pull import CHUNK, pull_status
+    from ray_stream_llm.weights.pull import CHUNK, finished_pull
 
     model = copy_model(s3_server, tiny_models["sharded"], "agent-pull")
     base = Path("/dev/shm") / f"rsl-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -431,7 +431,7 @@ def test_the_agents_pull_outlives_its_own_kill_and_the_asker_with_the_askers_set
         assert at_asker_kill < sum(o.size for o in objects)  # both killed mid-pull
         for o in objects:
             assert (region / o.path).read_bytes() == (model.local / o.path).read_bytes()
-        assert again != first and pull_status(region)["pid"] == again
+        assert again != first and finished_pull(region)["pid"] == again
         ranges = {prefix_of(model.uri) + o.path: math.ceil(o.size / CHUNK) for o in objects}
         gets = log.gets(prefix_of(model.uri))
         gets = {k: v for k, v in gets.items() if k.endswith(".safetensors")}
