@@ -166,11 +166,12 @@ test-one-stream: lint typecheck test-main test-compat
 MAIN = $(PYTEST) -m "not compat and not slow" --durations=25 --junit-xml=$(DURATIONS)/$@.xml
 # about half the suite's time with the contract tests after it (the files' and reports'
 # seconds: tests/durations.py, printed by make test), with no file in both streams; the
-# sharing and fault tests together (both use the session's sharded_job, one engine job);
-# tests/e2e/test_lora.py (about 48 s) back in stream b, the shorter (c49: stream a 1,520 s,
-# stream b about 1,460 s), once test_resume.py's kill no longer raced its output
+# files that take the session's sharded_job (one engine job) together: the sharing, fault
+# and streamed-job tests. c59 (one run, the machine's slow phase): stream a 2,600 s, stream
+# b 2,697 s with its contract runs; then the streamed-job file came here (its SmolLM2 job
+# folded into sharded_job: 124 s less) and tests/e2e/test_demo.py (156 s) went to stream a
 MAIN_B := tests/e2e/test_sharing.py tests/e2e/test_faults.py tests/e2e/test_resume.py \
-	tests/integration/test_resume_record.py tests/e2e/test_demo.py tests/e2e/test_cli.py \
+	tests/integration/test_resume_record.py tests/e2e/test_streamed_jobs.py tests/e2e/test_cli.py \
 	tests/e2e/test_azure.py tests/e2e/test_gcs.py tests/e2e/test_lora.py
 
 # the job-submission example ships the wheel to a cluster's environment without the library

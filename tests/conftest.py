@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from helpers.janitors import agents
-from helpers.jobs import share_compiled_code, share_model_records
+from helpers.jobs import share_model_records
 from helpers.models import LAYOUTS, UploadedModel, build_layout, metadata_files, weight_files
 from helpers.waiting import wait_until
 
@@ -105,28 +105,18 @@ def vllm_modelinfos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("vllm-modelinfos")
 
 
-@pytest.fixture(scope="session")
-def vllm_compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """vLLM's compiled code (``~/.cache/vllm/torch_compile_cache``: its AOT artifacts, which
-    the library's plugin makes location-free), shared by the session's jobs (:func:`work`)
-    as by the jobs of a node where the same model ran before: a tiny model's engine that
-    loads it was ready in 13 s, one that compiled in 39 s (measured here, on loaded
-    cores). The tests of a start that compiles keep their HOME's cache their own:
-    tests/e2e/test_compile_cache.py (its nodes' own caches), test_readme.py (a new user's
-    first start, then the second's hit), test_resume.py's warm re-run (the artifact
-    shipped through the store), the bench's jobs (test_cli.py); so do make demo's
-    (test_demo.py)."""
-    return tmp_path_factory.mktemp("vllm-compiled")
-
-
 @pytest.fixture
-def work(vllm_modelinfos: Path, vllm_compiled: Path) -> Iterator[Path]:
+def work(vllm_modelinfos: Path) -> Iterator[Path]:
     """A short directory under /tmp for a job's HOME (``home``: fresh but for vLLM's
-    model-class records and compiled code, :func:`vllm_modelinfos`, :func:`vllm_compiled`),
-    TMPDIR, caches and Ray session (Ray's socket paths must stay under 107 bytes)."""
+    model-class records, :func:`vllm_modelinfos`), TMPDIR, caches and Ray session (Ray's
+    socket paths must stay under 107 bytes). The session's jobs run eager
+    (``tools.job.CPU_ENGINE_KWARGS``) but for those whose proof is a compile, each of which
+    keeps its HOME's compiled code its own: tests/e2e/test_compile_cache.py (its nodes'
+    caches), test_readme.py (a new user's first start, then the second's hit),
+    test_resume.py's warm re-run (the artifact shipped through the store), the reporter's
+    script as typed (test_reporters_script.py) and the bench's jobs (test_cli.py)."""
     path = Path(tempfile.mkdtemp(prefix="rsl-job-", dir="/tmp"))
     share_model_records(path, vllm_modelinfos)
-    share_compiled_code(path, vllm_compiled)
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
@@ -164,14 +154,15 @@ def sharded_job(
     s3_server: LocalS3Server,
     tiny_models: dict[str, UploadedModel],
     vllm_modelinfos: Path,
-    vllm_compiled: Path,
 ) -> Iterator[dict]:
     """The sharded tiny model answering SHARDED_QUESTIONS (greedy) with one engine that streams
     from the store (``weight_sharing="off"``) through a proxy adding 50 ms to every request
     chunk, the store set once, in the config (endpoint ``localhost``), the driver's
     environment with no AWS variable.
-    Run once for the session: tests/e2e/test_faults.py proves the slow store and the settings
-    with it, tests/e2e/test_sharing.py takes its answers as the unshared control."""
+    Run once for the session: tests/e2e/test_streamed_jobs.py proves what it reports (its
+    load report, Ray's metrics, its console) and that no weight file reached local disk,
+    tests/e2e/test_faults.py the slow store and the settings with it, and
+    tests/e2e/test_sharing.py takes its answers as the unshared control."""
     from helpers.jobs import (
         SHARDED_MAX_TOKENS,
         SHARDED_QUESTIONS,
@@ -181,10 +172,11 @@ def sharded_job(
     )
     from helpers.links import TappedLink
 
+    from ray_stream_llm.tools.localstore import free_ports
+
     model = tiny_models["sharded"]
     work = Path(tempfile.mkdtemp(prefix="rsl-job-", dir="/tmp"))  # short: Ray socket paths
     share_model_records(work, vllm_modelinfos)
-    share_compiled_code(work, vllm_compiled)
     try:
         with TappedLink(s3_server.port, latency=0.05) as proxy:
             store = store_through(s3_server, proxy.endpoint_url.replace("127.0.0.1", "localhost"))
@@ -202,6 +194,7 @@ def sharded_job(
                 # slow store as the engine's streamer meets it for tests/e2e/test_faults.py
                 # and what the engine holds once loaded (tests/e2e/test_sharing.py compares)
                 config={"weight_sharing": "off", "weight_checksums": True},
+                metrics_port=free_ports(1)[0],  # Ray's metrics, as Prometheus scrapes them
             )
             bytes_down = proxy.bytes_down
             through_proxy = {"requests": list(proxy.requests), "held": list(proxy.held)}
@@ -215,6 +208,7 @@ def sharded_job(
             "bytes_down": bytes_down,
             "through_proxy": through_proxy,
             "reads": reads_under(s3_server, model.uri, before),
+            "served": s3_server.served()[len(before) :],  # the store's log of the job
         }
     finally:
         shutil.rmtree(work, ignore_errors=True)

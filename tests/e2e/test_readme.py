@@ -41,7 +41,7 @@ def test_readme_snippets_run_as_typed(work):
     checkout.mkdir()
     for name in (".venv", "examples"):
         (checkout / name).symlink_to(ROOT / name)
-    (work / "home" / COMPILED).unlink()  # a new user's node: nothing compiled before
+    assert not (work / "home" / COMPILED).exists()  # a new user's node: nothing compiled
     env = isolated_env(work)
     store = subprocess.Popen(
         ["bash", "-c", serve.strip()],

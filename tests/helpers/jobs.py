@@ -47,13 +47,6 @@ def fixed_pool(engines: int) -> int | list[int]:
     return engines if annotation == int | None else [engines, engines]
 
 
-def share_compiled_code(work: Path, compiled: Path) -> None:
-    """``work/home`` (a job's fresh HOME) gets vLLM's compiled code ``compiled`` (conftest's
-    ``vllm_compiled``, shared by the session's jobs), as a job on a node where the same
-    model ran before has it: its engines load the code instead of compiling it."""
-    _link(work / "home" / COMPILED, compiled)
-
-
 def _link(link: Path, target: Path) -> None:
     link.parent.mkdir(parents=True, exist_ok=True)
     if not link.is_symlink():
