@@ -86,6 +86,14 @@ def _processes(markers: list[str]) -> list[psutil.Process]:
     return alive
 
 
+def _comm(proc: psutil.Process) -> str:
+    """The process's name (``ray stop`` finds Ray's own processes by it), "" once it is gone."""
+    try:
+        return proc.name()
+    except psutil.Error:
+        return ""
+
+
 def _describe(procs: list[psutil.Process]) -> list[str]:
     out = []
     for p in procs:
@@ -230,8 +238,14 @@ class RayHead:
         return _processes([str(self.temp_dir), self.address])
 
     def stop(self) -> list[str]:
-        """Stop every process of this head; returns those that needed SIGKILL."""
-        killed = _stop_by_pid(self.processes())
+        """Stop every process of this head in ``ray stop``'s order (the raylet, then the
+        rest, the GCS last: stopped together, the GCS outlived SIGTERM's 10 s grace, c59);
+        returns those that needed SIGKILL."""
+        procs = self.processes()
+        raylet, gcs = ([p for p in procs if _comm(p) == name] for name in ("raylet", "gcs_server"))
+        killed: list[str] = []
+        for group in (raylet, [p for p in procs if p not in raylet + gcs], gcs):
+            killed += _stop_by_pid(group)
         left = self.processes()  # a descendant re-parented while the tree went down
         if left:
             killed += _stop_by_pid(left, grace=5)
