@@ -170,7 +170,8 @@ MAIN = $(PYTEST) -m "not compat and not slow" --durations=25 --junit-xml=$(DURAT
 # and streamed-job tests. c59 (one run, the machine's slow phase): stream a 2,600 s, stream
 # b 2,697 s with its contract runs; then the streamed-job file came here (its SmolLM2 job
 # folded into sharded_job: 124 s less) and tests/e2e/test_demo.py (156 s) went to stream a
-# (c61: stream a 2,055 s, stream b 2,083 s)
+# (c61: stream a 2,055 s, stream b 2,083 s; c62: 2,217 s and 2,239 s); then `make demo`'s
+# job moved into tests/e2e/test_readme.py, ahead of the quickstart, as the README orders them
 MAIN_B := tests/e2e/test_sharing.py tests/e2e/test_faults.py tests/e2e/test_resume.py \
 	tests/integration/test_resume_record.py tests/e2e/test_streamed_jobs.py tests/e2e/test_cli.py \
 	tests/e2e/test_azure.py tests/e2e/test_gcs.py tests/e2e/test_lora.py

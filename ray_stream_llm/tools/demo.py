@@ -95,7 +95,11 @@ def run_demo(workdir: str | None = None) -> int:
 
     root = Path(workdir or tempfile.mkdtemp(prefix="ray-stream-llm-demo-"))
     root.mkdir(parents=True, exist_ok=True)
-    for name, value in private_dirs(root).items():  # vLLM's sockets, torch's cache: ours
+    # Ray's session, vLLM's sockets and torch's cache: by default under a short path of their
+    # own, since a socket's path may not exceed 107 bytes, which a long TMPDIR (a batch
+    # scheduler's per-job directory) would make it (commands/doctor.py does the same)
+    short = root if workdir else Path(tempfile.mkdtemp(prefix="rsl-demo-", dir="/tmp"))
+    for name, value in private_dirs(short).items():  # vLLM's sockets, torch's cache: ours
         os.environ.setdefault(name, value)
     print("Converting the demo model (cached after the first run) ...", flush=True)
     local_model = ensure_demo_model()  # in the user's cache: converted once, reused
@@ -106,7 +110,7 @@ def run_demo(workdir: str | None = None) -> int:
         print(f"Published {len(keys)} files to {DEMO_URI}", flush=True)
         os.environ.update(server.env())  # the demo's own process: driver and local actors
         job_start = time.time()
-        result = run_job(DEMO_URI, QUESTIONS, ray_temp_dir=str(root / "ray"))
+        result = run_job(DEMO_URI, QUESTIONS, ray_temp_dir=str(short / "ray"))
         read = {u for u in server.objects_read() if u.endswith(".safetensors")}
         import ray
 
@@ -143,4 +147,5 @@ def run_demo(workdir: str | None = None) -> int:
         print(f"  still running after the job: {[p.pid for p in left]}")
     if workdir is None:
         shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(short, ignore_errors=True)
     return 0 if len(result.rows) == len(QUESTIONS) and not written and not left else 1

@@ -14,8 +14,8 @@ environment. Its job is also vLLM 0.32's streamed job end to end (it replaced a 
 there, one engine job fewer): every row answered, no weight file of any format on local
 disk, no shared memory left, the store-streamed engine's report the store's object sizes
 and the streamer's tensor bytes, and the store asked for no weight object but the
-safetensors. (SmolLM2's answers are proven on vLLM 0.29: tests/e2e/test_demo.py and
-test_readme.py.)"""
+safetensors. (SmolLM2's answers are proven on vLLM 0.29: tests/e2e/test_readme.py, `make
+demo` and the quickstart.)"""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""The README as a new user reads it (issue 13): every shell and Python snippet runs as
-typed, on the local store, in a fresh HOME with no variable set by hand (its links, first
-lines and quickstart program: tests/unit/project/test_readme.py). The two `make` lines are
-not run here: `make test` is this suite."""
+"""The README as a new user reads it (issues 13 and 31), in its order, in one fresh HOME with
+no variable set by hand: `make demo` (what it runs once its environment is set up), then
+every shell and Python snippet as typed, on the local store (its links, first lines and
+quickstart program: tests/unit/project/test_readme.py). `make test` is this suite, and
+`make demo`'s setup is CI's own."""
 
 from __future__ import annotations
 
@@ -21,20 +22,23 @@ from helpers.jobs import COMPILED
 from helpers.paths import REPO
 from helpers.waiting import wait_until
 
+from ray_stream_llm.tools.demo import QUESTIONS as DEMO_QUESTIONS
 from ray_stream_llm.tools.isolated import isolated_env
 
 ROOT = REPO
 README = (ROOT / "README.md").read_text()
 BLOCKS = re.findall(r"```(bash|python)\n(.*?)```", README, re.S)
+MAKE_DEMO = "demo: setup\n\t$(VENV)/bin/ray-stream-llm demo\n"  # the Makefile's target
 
 
 @pytest.mark.s3
 @pytest.mark.e2e
 @pytest.mark.engine
 def test_readme_snippets_run_as_typed(work):
-    """First shell: `ray-stream-llm local-store`; second shell: the quickstart, then the
-    user's own model (a copy of the demo model, standing in for theirs) uploaded, inspected
-    and run; then Ctrl-C in the first shell stops the store cleanly."""
+    """`make demo` first (it converts the demo model, once); then the first shell:
+    `ray-stream-llm local-store`; the second shell: the quickstart, then the user's own model
+    (a copy of the demo model, standing in for theirs) uploaded, inspected and run; then
+    Ctrl-C in the first shell stops the store cleanly."""
     shells = [code for kind, code in BLOCKS if kind == "bash"][1:]  # [0]: the make lines
     serve, quickstart, own_job = shells
     checkout = work / "checkout"  # the repository root, as the user's shell sees it
@@ -43,6 +47,14 @@ def test_readme_snippets_run_as_typed(work):
         (checkout / name).symlink_to(ROOT / name)
     assert not (work / "home" / COMPILED).exists()  # a new user's node: nothing compiled
     env = isolated_env(work)
+    since, started = time.time(), time.monotonic()
+    # the README's first line: `make demo`, which runs this once its environment is set up
+    assert MAKE_DEMO in (ROOT / "Makefile").read_text()
+    demo_out, _ = _shell(".venv/bin/ray-stream-llm demo", checkout, env)
+    load = _check_demo(demo_out)
+    # the demo's engine runs eager (tools.job.CPU_ENGINE_KWARGS): the quickstart compiles first
+    assert not (work / "home" / COMPILED).exists()
+    phases = [("make demo", time.monotonic() - started)]
     store = subprocess.Popen(
         ["bash", "-c", serve.strip()],
         cwd=checkout,
@@ -53,7 +65,6 @@ def test_readme_snippets_run_as_typed(work):
         start_new_session=True,
     )
     printed: list[str] = []
-    since, started = time.time(), time.monotonic()
     try:
         assert store.stdout is not None
 
@@ -66,7 +77,7 @@ def test_readme_snippets_run_as_typed(work):
         wait_until(serving, 600, lambda: "".join(printed), poll=0)
         env_file = Path(env["HOME"]) / ".cache/ray_stream_llm/local-store/env.sh"
         assert env_file.exists() and oct(env_file.stat().st_mode & 0o777) == "0o600"
-        phases = [("store up", time.monotonic() - started)]
+        phases.append(("store up", time.monotonic() - started - sum(s for _, s in phases)))
 
         printed_rows, _ = _shell(quickstart, checkout, env)
         # the program's answer, as it prints it (`print(ds.take_all())`, on stdout; Ray's
@@ -118,6 +129,34 @@ def test_readme_snippets_run_as_typed(work):
     assert store.returncode == 0, "".join(printed) + rest
     assert "Stopped." in rest and not env_file.exists()
     print("\nREADME as typed: " + ", ".join(f"{name} {s:.0f}s" for name, s in phases))
+    print(f"make demo: {load}")
+
+
+def _check_demo(out: str) -> str:
+    """The demo's own output (stdout), parsed; its load line. It answers every question (the
+    arithmetic one correctly), and its load line says what reached local disk (0 weight
+    files, counted once every process of the job had ended) apart from what the node held in
+    memory during the job (its copy of the weights in /dev/shm)."""
+    answers = dict(re.findall(r"^Q: (.+)\nA: (.*)$", out, re.MULTILINE))
+    assert sorted(answers) == sorted(DEMO_QUESTIONS), out[-4000:]
+    assert all(a.strip() for a in answers.values()), answers
+    assert "4" in answers["What is 2+2?"], answers
+    (load,) = re.findall(r"^Load: (.+)$", out, re.MULTILINE)
+    disk = re.search(r"on local disk: (\d+) weight files \((\S+) MB, counted after the job's "
+                     r"(\d+) processes ended\)", load)  # fmt: skip
+    assert disk, load
+    assert (disk[1], disk[2]) == ("0", "0.0"), load
+    assert int(disk[3]) > 0, load  # the job's processes were found and waited for
+    memory = re.search(r"in memory during the job: (\S+) MB of weights \(([^)]+)\)", load)
+    assert memory, load
+    streamed = re.search(r"safetensors object\(s\) \((\S+) MB\) read from the store", load)
+    assert streamed and float(streamed[1]) > 100, load  # SmolLM2: 269 MB
+    # the library's default shares the node's pull: the copy in memory is the weights, whole
+    assert memory[2] == "the node's copy in /dev/shm", load
+    assert memory[1] == streamed[1], load
+    assert f"{len(DEMO_QUESTIONS)}/{len(DEMO_QUESTIONS)} rows" in load, load
+    assert "still running after the job" not in out, out[-2000:]
+    return load
 
 
 def _rows_printed(stdout: str) -> list[dict]:

@@ -21,7 +21,7 @@ def test_a_streamed_job_reports_what_it_read_and_writes_no_weight_file(sharded_j
     """The session's job on the sharded tiny model (tests/conftest.py: ``sharded_job``, the
     engine streaming the store itself) as its report, Ray's metrics and its console tell it,
     each against what the store's own log says it served. (The real model's answers, on the
-    default path: tests/e2e/test_demo.py and test_readme.py.)"""
+    default path: tests/e2e/test_readme.py, `make demo` and the quickstart.)"""
     out, model, work = sharded_job["out"], sharded_job["model"], sharded_job["work"]
     assert sorted(r["question"] for r in out["rows"]) == sorted(SHARDED_QUESTIONS)
     assert all(r["num_generated_tokens"] == SHARDED_MAX_TOKENS for r in out["rows"])
