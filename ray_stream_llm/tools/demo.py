@@ -129,7 +129,7 @@ def run_demo(workdir: str | None = None) -> int:
     )
     # every process of the job has ended: nothing can write after this walk
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    written = weight_files_written([root, cache, Path(tempfile.gettempdir())], job_start)
+    written = weight_files_written([root, short, cache, Path(tempfile.gettempdir())], job_start)
     memory = held_in_memory(result.load_reports)
     where = "the node's copy in /dev/shm" if memory else "none beside the engine's own"
     print(
