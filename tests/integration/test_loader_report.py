@@ -3,19 +3,21 @@ the streamer delivered, measured in-process against the real S3 server."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from helpers.models import tensor_bytes
 from safetensors.torch import load_file
 
-from ray_stream_llm.integrations.vllm.plugin import register
+from ray_stream_llm.integrations.vllm.plugin import RAY_COPY_ENV, REPORT_DIR_ENV, register
 from ray_stream_llm.integrations.vllm.stream_watch import StreamWatcher
 from ray_stream_llm.reports import stream_figures
 
 
 @pytest.mark.s3
 def test_the_registered_loader_reports_what_the_streamer_delivered(
-    s3_env, tiny_models, monkeypatch
+    s3_env, tiny_models, monkeypatch, tmp_path
 ):
     """vLLM's loader for runai_streamer, registered by the plugin through vLLM's
     register_model_loader, streaming the shards from the server."""
@@ -30,6 +32,9 @@ def test_the_registered_loader_reports_what_the_streamer_delivered(
     shards = sorted(w for w in model.weights if w.endswith(".safetensors"))
     uris = [f"{model.uri}{s}" for s in shards]
     monkeypatch.setenv("RUNAI_STREAMER_CONCURRENCY", "3")  # as vLLM sets it from its extra config
+    # a process of the library's engines (its report directory set): the plugin acts here
+    monkeypatch.setenv(REPORT_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(RAY_COPY_ENV, os.environ.get(RAY_COPY_ENV, ""))  # restored after
     register()
     register()  # vLLM may call a plugin twice in one process
     loader = get_model_loader(LoadConfig(load_format="runai_streamer"))

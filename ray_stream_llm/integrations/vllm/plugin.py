@@ -1,25 +1,28 @@
-"""The library's vLLM general plugin: what it does in each of vLLM's processes.
+"""The library's vLLM general plugin: what it does in the vLLM processes of the library's
+own engines, and nowhere else.
 
-vLLM loads weights in its engine-core (or worker) process, not in the Ray actor that
-created the engine, and runs every ``vllm.general_plugins`` entry point in each of its
-processes. ``register`` there:
+vLLM runs every ``vllm.general_plugins`` entry point in each of its processes, in every
+program of an image that has the package: a user's ``vllm serve``, a Ray Serve replica, a
+notebook's ``vllm.LLM``. ``register`` first checks that an engine of this library started
+the process (:func:`library_engine`: the engine actor's report directory, or the shard
+writer's mark, both set in the actor's or writer's environment before vLLM starts and
+inherited by vLLM's processes); anywhere else it returns at once, having registered,
+replaced, written and logged nothing. In the library's engines it:
 
 - registers the library's loaders under vLLM's Run:ai load formats
   (:mod:`~ray_stream_llm.integrations.vllm.loader`: a node's region read file by file as
   each completes, and the load report);
 - installs the compile-cache fix and figures
   (:mod:`~ray_stream_llm.integrations.vllm.compile_cache`);
-- where an engine actor of this library asked for reports
-  (``RAY_STREAM_LLM_LOAD_REPORT_DIR``, inherited from the actor), records why an engine
-  failed to start, where vLLM says it: each exception vLLM logs in its processes
-  (``EngineCore failed to start.``, a worker's failure) becomes ``failure-<pid>-<n>.json``
-  (type, module, message, and its causes), so that the actor can quote the root cause
-  rather than vLLM's "Engine core initialization failed. See root cause above."
+- where the engine actor asked for reports, records why an engine failed to start, where
+  vLLM says it: each exception vLLM logs in its processes becomes
+  ``failure-<pid>-<n>.json`` (type, module, message, and its causes), so that the actor can
+  quote the root cause rather than vLLM's "Engine core initialization failed".
 
 Tensor-parallel engines: with the ``mp`` executor the workers are the engine's child
 processes and inherit the directory; with the Ray executor they are Ray actors, and
 ``register`` names the directory in ``VLLM_RAY_EXTRA_ENV_VARS_TO_COPY`` so that vLLM
-passes it to them. Either way each rank writes its own sessions (on the actor's node).
+passes it to them.
 """
 
 from __future__ import annotations
@@ -123,13 +126,21 @@ def _record_failures(directory: str) -> None:
 SHARD_WRITER_ENV = "RAY_STREAM_LLM_SHARD_WRITER"  # set by save_sharded_checkpoint
 
 
+def library_engine(env: Mapping[str, str] | None = None) -> bool:
+    """Whether the process whose environment is ``env`` (by default this one's) belongs to
+    an engine of this library: its engine actor's report directory or the shard writer's
+    mark is set there."""
+    environ: Mapping[str, str] = os.environ if env is None else env
+    return bool(environ.get(REPORT_DIR_ENV)) or environ.get(SHARD_WRITER_ENV) == "1"
+
+
 def register() -> None:
     """Entry point of ``vllm.general_plugins``; vLLM may call it more than once per process.
 
-    The loaders are registered in every process vLLM runs the plugin in
-    (:mod:`~ray_stream_llm.integrations.vllm.loader`): a read of a shared region's file
-    waits for its completion mark wherever the engine came from. Reports are written only
-    where an engine actor of this library asked for them."""
+    Does nothing unless :func:`library_engine`: a vLLM that no engine of this library
+    started keeps its own loaders and functions."""
+    if not library_engine():
+        return
     if os.environ.get(SHARD_WRITER_ENV) == "1" and cpu.is_cpu_build():
         cpu.keep_linear_weights()
     directory = os.environ.get(REPORT_DIR_ENV)
