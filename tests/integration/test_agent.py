@@ -3,8 +3,10 @@ standing for an engine (a child process that maps a /dev/shm segment, as vLLM's 
 SIGKILLed, as Ray's memory monitor kills; within 20 s its child is ended and its segment and
 directory removed, under Ray's defaults and under Ray's own clean-up setting
 (RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper, which ends the processes a
-dead worker left, and would end a library's detached helper too). Then the agent, with
-nothing left to watch, ends itself; a killed agent's successor finishes its work."""
+dead worker left, and would end a library's detached helper too). The child is ended by Ray
+where Ray ends a dead worker's processes (the agent sends no signal: issue 55), else by the
+agent. Then the agent, with nothing left to watch, ends itself; a killed agent's successor
+finishes its work."""
 
 from __future__ import annotations
 
@@ -166,12 +168,30 @@ def _drive(work: Path, script: str, name: str, ray_env: dict[str, str]) -> dict:
     return json.loads(line)
 
 
+def _ray_ends(ray_env: dict[str, str]) -> bool:
+    """Whether the driver's Ray (this Ray, this environment with ``ray_env``) ends a dead
+    worker's processes itself, as the library decides it."""
+    from ray_stream_llm.integrations.ray.compat import ray_ends_workers_processes
+
+    env = {**os.environ, **ray_env}
+    return ray_ends_workers_processes(
+        settings={k.removeprefix("RAY_"): v for k, v in env.items() if k.startswith("RAY_")}
+    )
+
+
 @pytest.mark.parametrize("ray_env", [{}, SUBREAPER], ids=["defaults", "subreaper"])
 def test_a_killed_engines_leftovers_are_gone_within_20_s_and_the_agent_then_ends(work, ray_env):
     name = f"psm_rsl{uuid.uuid4().hex[:8]}agent"
     base = work / "regions"
     try:
         out = _drive(work, _KILL, name, ray_env)
+        # who ended the engine's child: its Ray, where Ray ends a dead worker's processes
+        # (the agent only waited: no signal sent), else the agent (issue 55)
+        signalled = [x for x in out["log"].splitlines() if "sending SIG" in x]
+        if _ray_ends(ray_env):
+            assert not signalled, out["log"]
+        else:
+            assert "sending SIGTERM" in out["log"], out["log"]
         assert out["before"] == {"segment": True, "kid": True, "agents": 1, "region": True}
         # within 20 s of the SIGKILL: its processes, segment, directory and region
         assert out["clean_s"] is not None, (out["log"], list(base.rglob("*")))

@@ -5,11 +5,14 @@ the node's shared weights (``weights/region.py``, ``weights/lifetime.py``) until
 An engine actor asks it to watch itself (:func:`watch_engine`) when it starts. The agent
 records the actor's processes (vLLM's engine core and workers are its children) and the
 ``/dev/shm`` segments they map (``psm_*``, ``vllm_dist_*``: ``shm.PREFIXES``); once the
-actor has exited (retired, failed, or SIGKILLed by Ray's memory monitor), it ends the
-processes it left running and removes those segments and the engine's private directories
-(``integrations/vllm/shm``). It does this as a Ray worker: Ray's own clean-up
-(``RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper``) ends an engine's
-leftovers, and never the agent, which is no worker's child.
+actor has exited (retired, failed, or SIGKILLed by Ray's memory monitor), it waits for the
+processes it left to end, and removes those segments and the engine's private directories
+(``integrations/vllm/shm``). Who ends those processes is decided once, in the engine actor,
+and sent with its request (``compat.ray_ends_workers_processes``): Ray, where its raylet
+ends a dead worker's processes (2.60's per-worker process groups, or the clean-up settings
+turned on), and the agent sends no signal; else the agent (SIGTERM, then SIGKILL). It does
+this as a Ray worker: Ray's own clean-up ends an engine's leftovers, and never the agent,
+which is no worker's child.
 
 Each actor that holds a region of the node's shared weights has the agent pull what is
 missing of it (:func:`pull_region`: the actor's store settings passed by value, kept by no
@@ -21,12 +24,13 @@ that copy it (``weights/peers.py``: :meth:`NodeAgent.read`), until it removes it
 
 What it watches is also kept in a file per engine on the node (:func:`state_dir`, written
 whole), for when the agent ends with its Ray. A local Ray (``ray.init()`` in the driver)
-stops its raylet when it shuts down, and the engines, their processes and the agent
-end with it; the driver then finishes the agent's work itself, at its exit, after Ray's
-shutdown (:func:`finish_at_exit`, registered by the processor's build): it ends the
-recorded processes still running (pid and start time both match) and removes the
-recorded segments no process maps, and retires the recorded regions (removed, or kept warm:
-the node's next agent, or next region, removes one once its time is up). A driver that was
+stops its raylet when it shuts down, and the engines and the agent end with it (their
+processes too where that Ray ends a worker's processes); the driver then finishes the
+agent's work itself, at its exit, after Ray's shutdown (:func:`finish_at_exit`, registered
+by the processor's build): where that Ray's shutdown left them running it ends the recorded
+processes still running (pid and start time both match), and it removes the recorded
+segments no process maps, and retires the recorded regions (removed, or kept warm: the
+node's next agent, or next region, removes one once its time is up). A driver that was
 killed leaves the records to the node's next agent, which does the same before anything
 else. An agent killed on its own (Ray's memory monitor, an operator) is restarted by Ray
 (``MAX_RESTARTS``) and takes its records up again: it watches the engines that still run,
@@ -147,9 +151,12 @@ class NodeAgent:
             target=self._retire_when_idle, args=(IDLE_S,), name="retire", daemon=True
         ).start()
 
-    def watch(self, pid: int, since: float, dirs: list[str], log: str | None) -> bool:
+    def watch(
+        self, pid: int, since: float, dirs: list[str], log: str | None, ray_ends: bool = False
+    ) -> bool:
         """Watch the engine actor ``pid`` of this node until it has exited, then clean up
-        after it. False when this agent is ending (ask the node's next one)."""
+        after it; ``ray_ends``: its Ray ends the processes it leaves (the agent sends them no
+        signal). False when this agent is ending (ask the node's next one)."""
         import psutil
 
         from ray_stream_llm.integrations.vllm import shm
@@ -164,6 +171,7 @@ class NodeAgent:
             "since": since,
             "dirs": dirs,
             "log": log,
+            "ray_ends": ray_ends,
         }
         _set_tree(state, *shm.snapshot(pid))
         record = self._records / f"{pid}-{state['started']}.json"
@@ -317,11 +325,20 @@ class NodeAgent:
             # returned, before this thread ran: CI saw that), as is an earlier agent's that runs
             if not left or shm.is_running(pid, state["started"]):
                 members, seen = _tree(state)
-                shm.watch(pid, since, dirs, log=log, record=keep, members=members, seen=seen)
+                shm.watch(
+                    pid,
+                    since,
+                    dirs,
+                    log=log,
+                    record=keep,
+                    members=members,
+                    seen=seen,
+                    end_leftovers=not state.get("ray_ends", False),
+                )
             else:  # it ended while no agent ran: what still runs of it is left over
                 members = state["members"]
                 log.info("actor %d ended while no agent ran; its processes %s", pid, members)
-                _finish(state, log=log)
+                _finish(state, ray_ends=state.get("ray_ends", False), log=log)
         except Exception:
             log.exception("cleaning up after actor %d failed", pid)
             raise
@@ -377,10 +394,14 @@ class Asked:
 
 def watch_engine(pid: int, since: float, dirs: list[str], log: str | None) -> Asked:
     """Have this node's agent (made if there is none) watch the engine actor ``pid`` (the
-    caller) and clean up after it: the processes it leaves running, the segments they
+    caller) and clean up after it: the processes it leaves running (ended by the agent
+    where this Ray does not end them: ``compat.ray_ends_workers_processes``, decided here,
+    where Ray's LLM stages are imported already, not in the agent), the segments they
     mapped since ``since``, the directories ``dirs``. ``log``: the file for what the agent
     saw and did about this engine. Returns at once: :meth:`Asked.confirm` waits."""
-    return Asked("watch", pid, since, dirs, log)
+    from ray_stream_llm.integrations.ray.compat import ray_ends_workers_processes
+
+    return Asked("watch", pid, since, dirs, log, ray_ends_workers_processes())
 
 
 def keep_region(region: Path) -> None:
@@ -426,29 +447,49 @@ def _set_tree(state: dict[str, Any], members: dict[int, float], seen: set[str]) 
     state["seen"] = sorted(seen)
 
 
-def _finish(state: dict[str, Any], log: logging.Logger = logger, **end: float) -> None:
+def _finish(
+    state: dict[str, Any], *, ray_ends: bool, log: logging.Logger = logger, **end: float
+) -> None:
     """Clean up after the recorded engine of ``state``, which has exited: end what still runs
-    of its processes at once, remove the segments they mapped and its directories
-    (``shm.clean_after``, given ``end``: its ``term_wait`` and ``poll``)."""
+    of its processes at once (unless ``ray_ends``: its Ray ends them; they are waited for),
+    remove the segments they mapped and its directories (``shm.clean_after``, given
+    ``end``: its ``term_wait`` and ``poll``)."""
     from ray_stream_llm.integrations.vllm import shm
 
     members, seen = _tree(state)
-    shm.clean_after(members, seen, state["since"], state["dirs"], grace=0.0, log=log, **end)
+    shm.clean_after(
+        members,
+        seen,
+        state["since"],
+        state["dirs"],
+        grace=0.0,
+        log=log,
+        end_leftovers=not ray_ends,
+        **end,
+    )
 
 
-def finish_orphaned(ending: Collection[tuple[int, float]] = (), wait: float = 10.0) -> list[int]:
+def finish_orphaned(
+    ending: Collection[tuple[int, float]] = (), wait: float = 10.0, *, ray_ends: bool = False
+) -> list[int]:
     """In a process of the node: finish what the node's agents left when their Ray ended.
     For each recorded engine whose agent's raylet is gone, end what still runs of its
     processes, the engine actor's own included (their Ray is gone: they serve nothing, and a
     notebook's kernel gets 2.5 s to exit: SIGKILL at once), and remove the segments they
     mapped, as the agent would. ``ending``: the raylets (pid and start time) of a Ray shut
     down just now, given up to ``wait`` s in all to end (``ray.shutdown()`` does not wait
-    for them). A record of a Ray that still runs is its agent's. The engines cleaned up
-    after."""
+    for them); ``ray_ends``: that Ray's shutdown ends its workers' processes itself (they
+    are waited for, up to 5 s, and sent no signal; a Ray that ended otherwise, its raylet
+    killed, ended none). A record of a Ray that still runs is its agent's. The engines
+    cleaned up after."""
     finished = []
     for record, state in _left_by_ended_rays("*.json", ending, wait):
         try:
-            _finish(state, term_wait=0.0, poll=0.1)
+            raylet = tuple(state.get("raylet") or (0, 0.0))
+            if ray_ends and raylet in ending:
+                _finish(state, ray_ends=True, term_wait=5.0, poll=0.1)
+            else:
+                _finish(state, ray_ends=False, term_wait=0.0, poll=0.1)
             finished.append(state["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             logger.warning("cannot finish the node agent's record %s", record, exc_info=True)
@@ -506,19 +547,21 @@ def retire_orphaned_regions(
 
 
 def finish_at_exit() -> None:
-    """The driver's exit (``atexit``, registered by the processor's build): where this
-    process started the local Ray its jobs ran on, Ray's shutdown kills the node's agent
-    with the engines (SIGKILL, all at once), so what the engines' processes left is finished
-    here, after it: Ray is shut down first (what its own exit hook does next, and a second
-    call does nothing), then :func:`finish_orphaned` and :func:`retire_orphaned_regions`.
-    Also after the user's own ``ray.shutdown()``. A driver that joined a running cluster
-    leaves the work to its agents, which outlive it."""
+    """The driver's exit (``atexit``, registered by the processor's build): where this process
+    started the local Ray its jobs ran on, Ray's shutdown kills the node's agent with the
+    engines (SIGKILL, all at once), so what the engines' processes left is finished here,
+    after it (their processes are ended here only where that Ray leaves them running:
+    ``compat.ray_ends_workers_processes``): Ray is shut down first (what its own exit hook
+    does next, and a second call does nothing), then :func:`finish_orphaned` and
+    :func:`retire_orphaned_regions`. Also after the user's own ``ray.shutdown()``. A driver
+    that joined a running cluster leaves the work to its agents, which outlive it."""
     import psutil
     import ray
 
-    from ray_stream_llm.integrations.ray.compat import settle_ray_data
+    from ray_stream_llm.integrations.ray.compat import ray_ends_workers_processes, settle_ray_data
 
     ending = set()
+    ray_ends = False
     if ray.is_initialized():
         settle_ray_data()  # before Ray's shutdown, here or in its own exit hook
         node = getattr(ray._private.worker, "_global_node", None)
@@ -529,8 +572,9 @@ def finish_at_exit() -> None:
             with contextlib.suppress(psutil.Error):
                 if child.name() == "raylet":
                     ending.add((child.pid, child.create_time()))
+        ray_ends = ray_ends_workers_processes(at_shutdown=True)  # read while it runs
         ray.shutdown()
-    finish_orphaned(ending=ending)
+    finish_orphaned(ending=ending, ray_ends=ray_ends)
     retire_orphaned_regions(ending=ending)
 
 

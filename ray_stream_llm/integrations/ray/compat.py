@@ -29,6 +29,10 @@ version tables; the only version test is the supported range itself
   template's, the engine's) then asks it for a loop, and uvloop 0.22 on refuses outside a
   running loop (MagicStack/uvloop#702). Ray 2.60 makes the loop itself; before, the stages
   this library builds run with uvloop off (:func:`stage_env`).
+- Ray 2.60's raylet ends every process a dead worker leaves (each worker leads a process
+  group of its own, signalled when the worker is gone); Ray 2.48-2.59 does so only with
+  ``process_group_cleanup_enabled`` (2.54 has it) or the subreaper setting turned on
+  (:func:`ray_ends_workers_processes`: the node agent ends them itself where Ray does not).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import inspect
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ray.data import DataContext
@@ -186,6 +190,98 @@ def default_engine_resources() -> dict[str, float]:
     return {k: float(v) for k, v in named.items() if v}
 
 
+# The raylet's settings of its clean-up of a dead worker's processes (RAY_<name>, or
+# ray.init's _system_config): per-worker process groups, signalled as the worker is gone
+# (not in 2.48, in 2.54, the default from 2.60), and the deprecated subreaper, which ends a dead
+# worker's orphans every 10 s (2.48 on, never the default)
+PROCESS_GROUPS = "process_group_cleanup_enabled"
+SUBREAPER = "kill_child_processes_on_worker_exit_with_raylet_subreaper"
+
+
+def ray_ends_workers_processes(
+    version: str | None = None,
+    settings: Mapping[str, object] | None = None,
+    *,
+    at_shutdown: bool = False,
+) -> bool:
+    """Whether the raylet of Ray ``version``, under ``settings`` (its config values by name,
+    :data:`PROCESS_GROUPS` and :data:`SUBREAPER`; a value as ``RAY_<name>`` reads, or a
+    bool), ends every process a worker leaves when it dies (SIGKILLed, exited or
+    ``ray.kill``-ed: children and grandchildren alike); ``at_shutdown``: when a local Ray
+    shuts down, where the subreaper, gone with its raylet, ends none. Under Ray's defaults
+    only 2.60 does; 2.48-2.59 kill a worker's direct children as it exits and leave a
+    killed worker's running. ``version`` and ``settings`` default to this process's Ray and
+    its raylet's (:func:`raylet_settings`)."""
+    from ray_stream_llm.integrations.ray.version import _minor
+
+    version = version or _ray_version()
+    settings = raylet_settings() if settings is None else settings
+    groups = _as_bool(settings.get(PROCESS_GROUPS), _minor(version) >= (2, 60))
+    if _minor(version) < (2, 54):
+        groups = False  # 2.48's raylet has no such setting (taken as absent up to 2.53)
+    return groups or (not at_shutdown and _as_bool(settings.get(SUBREAPER), False))
+
+
+def _ray_version() -> str:
+    import ray
+
+    return str(ray.__version__)
+
+
+def _as_bool(value: object, default: bool) -> bool:
+    """A raylet setting's value as Ray reads it (``true`` or ``1``, any case); unset:
+    ``default``."""
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    return str(value).strip().lower() in ("true", "1")
+
+
+def raylet_settings() -> dict[str, object]:
+    """The settings of this node's raylet that decide its clean-up of a dead worker's
+    processes (:data:`PROCESS_GROUPS`, :data:`SUBREAPER`), where this process can read them
+    (a Ray worker, or a driver connected to a Ray): the cluster's ``_system_config`` first,
+    as the raylet reads it, then the raylet's environment (a worker's parent; else this
+    process's own). An unset one is absent."""
+    import ray
+
+    environ: Mapping[str, str] = os.environ
+    if ray.is_initialized() and _is_raylet(os.getppid()):
+        environ = _environ_of(os.getppid()) or os.environ
+    found: dict[str, object] = {
+        name: environ[f"RAY_{name}"]
+        for name in (PROCESS_GROUPS, SUBREAPER)
+        if f"RAY_{name}" in environ
+    }
+    if ray.is_initialized():
+        from ray._private.state import state
+
+        with contextlib.suppress(Exception):  # an older GCS client: the environment alone
+            system = state.get_system_config()
+            found.update({k: system[k] for k in (PROCESS_GROUPS, SUBREAPER) if k in system})
+    return found
+
+
+def _is_raylet(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8") as comm:
+            return comm.read().strip() == "raylet"
+    except OSError:
+        return False
+
+
+def _environ_of(pid: int) -> dict[str, str]:
+    """The environment process ``pid`` started with; empty where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            items = environ.read().split(b"\0")
+    except OSError:
+        return {}
+    pairs = (item.decode(errors="replace").partition("=") for item in items if b"=" in item)
+    return {key: value for key, _, value in pairs}
+
+
 class _TokenizerProbe:
     """The least a tokenizer has; no ``all_special_tokens_extended`` (as in transformers 5)."""
 
@@ -303,6 +399,7 @@ __all__ = [
     "TokenizeUDF",
     "default_engine_resources",
     "ray_builds_with",
+    "ray_ends_workers_processes",
     "ray_stage_shims",
     "settle_ray_data",
     "wait_for_initial_actors",

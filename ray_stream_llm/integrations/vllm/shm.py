@@ -213,10 +213,8 @@ def _mappers(names: set[str]) -> dict[str, list[int]]:
 Record = Callable[[dict[int, float], set[str]], None]
 
 # How long an engine's processes are given to exit after its actor did, before they are
-# ended: vLLM's engine core and workers do not end when their actor is killed (seen still
-# running 120 s later), and Ray before 2.60 leaves a dead worker's children running under
-# its defaults (2.48.0, 2.54.1). With 5 s, what a killed engine leaves is gone within 20 s
-# on every Ray of the range (tests/integration/test_agent.py).
+# ended where the caller ends them (``end_leftovers``: its Ray does not): vLLM's engine core
+# and workers do not end by themselves when their actor is killed.
 GRACE_S = 5.0
 
 
@@ -232,12 +230,13 @@ def watch(
     record: Record | None = None,
     members: dict[int, float] | None = None,
     seen: set[str] | None = None,
+    end_leftovers: bool = True,
 ) -> None:
     """Watch ``pid`` (an engine actor) and its descendants; once the actor has exited, clean
     up after its processes (:func:`clean_after`). ``record(members, seen)`` is called
     whenever the processes or segments seen grow (the node agent keeps them in a file, for
     its restarted self); ``members`` and ``seen``: what was seen of them before;
-    ``grace`` and ``term_wait``: :func:`clean_after`'s."""
+    ``grace``, ``term_wait`` and ``end_leftovers``: :func:`clean_after`'s."""
     members, seen = dict(members or {}), set(seen or ())
     first = True
     while is_running(pid):
@@ -251,7 +250,17 @@ def watch(
         members |= started
         time.sleep(poll)
     log.info("actor %d exited; its processes %s mapped %s", pid, sorted(members), sorted(seen))
-    clean_after(members, seen, since, dirs, poll, grace, term_wait=term_wait, log=log)
+    clean_after(
+        members,
+        seen,
+        since,
+        dirs,
+        poll,
+        grace,
+        term_wait=term_wait,
+        log=log,
+        end_leftovers=end_leftovers,
+    )
 
 
 def clean_after(
@@ -264,17 +273,19 @@ def clean_after(
     *,
     term_wait: float = 10.0,
     log: logging.Logger | logging.LoggerAdapter[Any] = logger,
+    end_leftovers: bool = True,
 ) -> None:
     """After an engine actor exited: wait (up to ``grace`` s) for every process of its tree
     (``members``: pid and start time) to exit too (vLLM's workers can outlive the actor by
     seconds on a loaded node, and a segment they map is not an orphan yet; what they map
-    meanwhile is added to ``seen``), then end those still running (an actor killed
-    outright, as Ray's memory monitor kills, leaves vLLM's engine core and workers with
-    nobody to serve, holding the KV cache's memory and the segments: SIGTERM, then SIGKILL
-    after ``term_wait`` s),
-    then remove the segments of ``seen`` that no process maps any more (waiting up to 30 s
-    for processes that are exiting to unmap them; what still maps one then is logged), and
-    the directories ``dirs``."""
+    meanwhile is added to ``seen``), then, with ``end_leftovers``, end those still running
+    (an actor killed outright, as Ray's memory monitor kills, leaves vLLM's engine core and
+    workers with nobody to serve, holding the KV cache's memory and the segments: SIGTERM,
+    then SIGKILL after ``term_wait`` s); without (the caller's Ray ends a dead worker's
+    processes itself), send no signal and wait up to ``term_wait`` s more for them to end,
+    logging those that do not. Then remove the segments of ``seen`` that no process maps
+    any more (waiting up to 30 s for processes that are exiting to unmap them; what still
+    maps one then is logged), and the directories ``dirs``."""
     import shutil
 
     seen = set(seen)
@@ -282,7 +293,8 @@ def clean_after(
     while _alive(members) and time.monotonic() < deadline:
         seen |= _mapped_by(_running(members))
         time.sleep(poll)
-    for signum, wait in ((signal.SIGTERM, term_wait), (signal.SIGKILL, 5.0)):
+    signals = ((signal.SIGTERM, term_wait), (signal.SIGKILL, 5.0)) if end_leftovers else ()
+    for signum, wait in signals:
         if not _alive(members):
             break
         log.info("sending %s to %s", signal.Signals(signum).name, _running(members))
@@ -290,6 +302,13 @@ def clean_after(
         deadline = time.monotonic() + wait
         while _alive(members) and time.monotonic() < deadline:
             time.sleep(poll)
+    if not end_leftovers:
+        deadline = time.monotonic() + term_wait
+        while _alive(members) and time.monotonic() < deadline:
+            seen |= _mapped_by(_running(members))
+            time.sleep(poll)
+        if running := _running(members):
+            log.warning("still running, left to their Ray to end: %s", running)
     if seen:
         remove_orphaned_segments(since, wait=30.0, only=seen)
         kept = {name for name in seen if (SHM_DIR / name).exists()}
