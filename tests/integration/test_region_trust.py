@@ -154,6 +154,26 @@ def test_a_region_is_known_by_its_marker_and_lists_its_planned_files(base, tmp_p
     assert reading.region_of_dir(tmp_path) is None
 
 
+def test_the_engine_finds_the_region_named_for_its_models_uri(base, tmp_path, monkeypatch):
+    """vLLM is given the model's URI as ``model_weights`` (the same on every node: its
+    compile key hashes it); the engine actor names the node's region in REGION_ENV, and the
+    loader reads it only for the URI its marker records, however the URI is spelled."""
+    region = base / "node" / "key"
+    region.mkdir(parents=True)
+    objects = [{"path": "a.safetensors", "key": "m/a.safetensors", "size": 0, "etag": "x"}]
+    (region / marks.CREATED).write_text(json.dumps({"uri": "s3://bucket/m/", "objects": objects}))
+    monkeypatch.delenv(reading.REGION_ENV, raising=False)
+    assert reading.region_of("s3://bucket/m/") is None  # none named: the store
+    monkeypatch.setenv(reading.REGION_ENV, str(region))
+    for spelling in ("s3://bucket/m/", "s3://bucket/m"):
+        assert reading.region_of(spelling) == region
+        assert reading.planned_files(spelling) == [str(region / "a.safetensors")]
+    assert reading.region_of("s3://bucket/other/") is None  # another model: not its region
+    assert reading.region_of(str(region)) == region  # a region's directory, given directly
+    monkeypatch.setenv(reading.REGION_ENV, str(tmp_path / "gone"))
+    assert reading.region_of("s3://bucket/m/") is None
+
+
 @pytest.mark.parametrize(
     ("value", "problem"),
     [("rel-region", "relative path"), ("./regions", "relative path"), ("", "directory path")],

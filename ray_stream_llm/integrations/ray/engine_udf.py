@@ -1,8 +1,10 @@
 """The engine stage UDF of a streamed processor: Ray's, with the model's metadata fetched
 on the node and the URI given to vLLM as ``model_weights`` (vLLM then skips its own
-metadata pull and its runai loader streams the weights), or the node's shared region
-where the weights are shared; it retries a start that failed on the store, and reports
-the load. Imported only in the engine actor and by the driver's build: it imports vLLM.
+metadata pull and its runai loader streams the weights; where the weights are shared, from
+the node's region, named to the loader apart), and ``VLLM_CACHE_ROOT`` per compile target,
+so that vLLM's own compile key is the same on every node of a target; it retries a start
+that failed on the store, and reports the load. Imported only in the engine actor and by
+the driver's build: it imports vLLM.
 """
 
 from __future__ import annotations
@@ -30,10 +32,10 @@ from ray_stream_llm.integrations.ray.engine_stage import engine_stage_shims, vLL
 from ray_stream_llm.integrations.ray.progress import progress_enabled
 from ray_stream_llm.integrations.ray.telemetry import job_id, node_ip, publish, store_failure
 from ray_stream_llm.integrations.ray.udfs import SecretEnv, _prepare, local_metadata
-from ray_stream_llm.integrations.vllm import checksums, compile_store, cpu
+from ray_stream_llm.integrations.vllm import checksums, compile_store, compile_target, cpu
 from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV, collect, figures
 from ray_stream_llm.integrations.vllm.loader import streamer_settings
-from ray_stream_llm.integrations.vllm.plugin import require_plugin
+from ray_stream_llm.integrations.vllm.plugin import RAY_COPY_ENV, require_plugin
 from ray_stream_llm.integrations.vllm.shm import (
     janitor_log,
     remove_orphaned_segments,
@@ -49,9 +51,13 @@ from ray_stream_llm.uri import ModelURI
 from ray_stream_llm.weights import memory
 from ray_stream_llm.weights.marks import failure
 from ray_stream_llm.weights.pull import pull_error
+from ray_stream_llm.weights.reading import REGION_ENV
 from ray_stream_llm.weights.source import WeightSource, acquire
 
 logger = logging.getLogger(__name__)
+
+CACHE_ROOT_ENV = "VLLM_CACHE_ROOT"
+SHARDED = "runai_streamer_sharded"
 
 
 class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
@@ -120,6 +126,8 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         local = Path(model) if Path(model).is_dir() else None  # else a hub id: no config
         if on_cpu:
             engine_kwargs = cpu.kv_cache_default(engine_kwargs, local)
+        if not engine_kwargs.get("enforce_eager"):  # vLLM compiles: a cache per target
+            _engine_env(CACHE_ROOT_ENV, _target_cache_root())
         compile_cache_uri = plan.compile_cache_uri if plan else None
         compile_key = compile_store.cache_key(model) if compile_cache_uri else None
         why_miss = None  # why the store had nothing for this node (another CPU's code...)
@@ -130,7 +138,12 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         for attempt in range(1, attempts + 1):
             if self._weights is not None:  # vLLM then skips its own pull and streams these
                 self._weights = self._weights.prepare()
+                region = getattr(self._weights, "region", None)
                 engine_kwargs["model_weights"] = self._weights.model_weights
+                if region is not None and engine_kwargs.get("load_format") == SHARDED:
+                    # vLLM's sharded loader globs model_weights itself: the region's path
+                    engine_kwargs["model_weights"] = region
+                _engine_env(REGION_ENV, region)
             watcher = StreamWatcher(uri_text, progress=progress_enabled())
             try:
                 with watcher, engine_stage_shims():
@@ -248,6 +261,26 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         weights, self._weights = getattr(self, "_weights", None), None
         if weights is not None:
             weights.release()  # the last engine of the node removes the region
+
+
+def _engine_env(name: str, value: str | None) -> None:
+    """``name`` in this actor's environment, which vLLM's processes inherit (``value``, or
+    unset for None), and among the variables vLLM's Ray executor copies to its workers."""
+    if value is None:
+        os.environ.pop(name, None)
+        return
+    os.environ[name] = value
+    names = [n for n in os.environ.get(RAY_COPY_ENV, "").split(",") if n.strip()]
+    if name not in names:
+        os.environ[RAY_COPY_ENV] = ",".join([*names, name])
+
+
+def _target_cache_root() -> str:
+    """vLLM's cache directory for what this node compiles for: the user's
+    ``VLLM_CACHE_ROOT`` (or vLLM's default) with the target's name under it."""
+    from vllm import envs
+
+    return compile_target.cache_root(envs.VLLM_CACHE_ROOT, compile_target.target())
 
 
 def _cause(exc: BaseException, watcher: StreamWatcher) -> str:

