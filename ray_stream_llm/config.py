@@ -27,7 +27,7 @@ from ray_stream_llm.errors import (
     UnsupportedLoadFormatError,
 )
 from ray_stream_llm.patterns import shard_file_regex
-from ray_stream_llm.stores.base import BACKENDS
+from ray_stream_llm.stores.registry import BACKENDS
 from ray_stream_llm.stores.settings import ObjectStoreConfig
 from ray_stream_llm.uri import looks_like_uri, parse_model_uri
 

@@ -77,6 +77,36 @@ def default_metadata_dir(uri: str | ModelURI) -> Path:
     return cache_root() / "models" / digest
 
 
+def metadata_digest(directory: str | Path) -> str | None:
+    """A digest of what the marker of a metadata directory this library fetched records of
+    each file (name, size, CRC32 of the bytes): the same for the same metadata under any
+    URI; None for any other directory."""
+    try:
+        files = json.loads((Path(directory).expanduser() / MARKER).read_text())["files"]
+        recorded = sorted((str(n), v["size"], v["crc32"]) for n, v in files.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return hashlib.sha256(json.dumps(recorded).encode()).hexdigest()[:32]
+
+
+def content_dir(directory: Path) -> Path:
+    """The path of the fetched metadata ``directory`` that names its content, not its URI:
+    ``<cache root>/content/<digest>``, a link to ``directory`` made (or pointed there again)
+    now; ``directory`` itself where it has no marker. The same model under another URI, or
+    on another node with the same cache root, is the same path: vLLM hashes the path into
+    its compile cache key. Any directory the link may point to holds the same files."""
+    digest = metadata_digest(directory)
+    if digest is None:
+        return directory
+    link = cache_root() / "content" / digest
+    link.parent.mkdir(parents=True, exist_ok=True)
+    staging = link.parent / f".{digest}.{os.getpid()}.tmp"
+    staging.unlink(missing_ok=True)
+    staging.symlink_to(directory.resolve(), target_is_directory=True)
+    os.replace(staging, link)  # whole: a reader sees the old link or the new one
+    return link
+
+
 def _crc32(path: Path) -> int:
     crc = 0
     with open(path, "rb") as f:

@@ -8,7 +8,7 @@ finished job's reports as data.
 
 The streaming figures come from the engine's own processes
 (:mod:`ray_stream_llm.integrations.vllm.plugin`), collected in the actor by
-:class:`~ray_stream_llm.integrations.vllm.stream_watch.StreamWatcher`.
+:class:`~ray_stream_llm.integrations.ray.stream_watch.StreamWatcher`.
 """
 
 from __future__ import annotations

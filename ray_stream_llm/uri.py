@@ -1,7 +1,7 @@
 """Parse and normalise object-store model URIs.
 
 The schemes the Run:ai streamer reads are the keys of the store registry
-(:data:`ray_stream_llm.stores.base.BACKENDS`); here are the spellings users try
+(:data:`ray_stream_llm.stores.registry.BACKENDS`); here are the spellings users try
 that it does not read, each with the form to use instead. A model URI always
 names a "directory": with or without a trailing slash it means the same model,
 and the normalised form ends in ``/`` so that ``s3://b/llama`` never also
@@ -17,7 +17,7 @@ import re
 
 from ray_stream_llm.errors import InvalidModelURIError, UnsafeObjectKeyError
 from ray_stream_llm.redact import has_userinfo, redact
-from ray_stream_llm.stores.base import BACKENDS
+from ray_stream_llm.stores.registry import BACKENDS
 
 # Schemes that look right but the streamer does not read: the fix for each.
 _REFUSED_SCHEMES: dict[str, str] = {

@@ -278,7 +278,7 @@ def _connect(address: str, temp: list[str]) -> None:
     import ray
 
     from ray_stream_llm.commands import LOCAL_ENV
-    from ray_stream_llm.integrations.ray.runtime_env import scoped_env
+    from ray_stream_llm.env import scoped
 
     quiet = {"logging_level": logging.WARNING, "log_to_driver": False}
     if address != "local":
@@ -290,7 +290,7 @@ def _connect(address: str, temp: list[str]) -> None:
                 raise
     temp.append(tempfile.mkdtemp(prefix="rsl-doctor-", dir="/tmp"))  # short: socket paths
     local = {k: v for k, v in LOCAL_ENV.items() if k not in os.environ}
-    with scoped_env(local):
+    with scoped(local):
         ray.init(address="local", _temp_dir=temp[0], include_dashboard=False, **quiet)
 
 

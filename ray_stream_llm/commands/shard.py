@@ -527,7 +527,7 @@ def _writer_env(object_store: ObjectStoreConfig | None, tp: int) -> Iterator[Non
     """The process environment the writing engine needs (the store's settings, Ray and
     vLLM kept on loopback), restored after."""
     from ray_stream_llm.commands import LOCAL_ENV
-    from ray_stream_llm.integrations.ray.runtime_env import scoped_env
+    from ray_stream_llm.env import scoped
     from ray_stream_llm.integrations.vllm import cpu
 
     env = {**derive_settings(object_store).env}
@@ -535,7 +535,7 @@ def _writer_env(object_store: ObjectStoreConfig | None, tp: int) -> Iterator[Non
         env.update(cpu.writer_env(tp))
     # LOCAL_ENV only where the process has not set it; both restored after
     local = {k: v for k, v in LOCAL_ENV.items() if k not in os.environ}
-    with scoped_env({**local, **env}):
+    with scoped({**local, **env}):
         yield
 
 

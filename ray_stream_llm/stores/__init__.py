@@ -2,7 +2,7 @@
 
 :func:`list_model`, :func:`download` and :func:`read` are what the metadata fetch,
 ``inspect_model`` and the engines' store check call; each looks the scheme up in
-:data:`~ray_stream_llm.stores.base.BACKENDS`, loads that backend at first use (a
+:data:`~ray_stream_llm.stores.registry.BACKENDS`, loads that backend at first use (a
 missing package is a :class:`~ray_stream_llm.errors.MissingBackendError` with the pip
 line), and bounds every call by a :class:`~ray_stream_llm.stores.base.StoreDeadline`.
 """
@@ -17,12 +17,12 @@ from ray_stream_llm.errors import MissingBackendError, ModelNotFoundError, Store
 from ray_stream_llm.redact import redact
 from ray_stream_llm.stores.base import (
     BACKEND_FUNCTIONS,
-    BACKENDS,
     Backend,
     Client,
     ObjectInfo,
     StoreDeadline,
 )
+from ray_stream_llm.stores.registry import BACKENDS
 
 if TYPE_CHECKING:
     from ray_stream_llm.stores.settings import ObjectStoreConfig

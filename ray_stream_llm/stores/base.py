@@ -1,10 +1,11 @@
-"""The store backend contract: one registry entry per URI scheme, the Backend protocol,
-the listing record and the error helpers every backend shares.
+"""The store backend contract: the Backend protocol, the listing record and the error
+helpers every backend shares.
 
 A backend is a module of this package that offers the :class:`Backend` functions and
 raises this library's typed errors (bucket or object missing, credentials refused,
 store unreachable or slow). It imports nothing from the dispatcher
-(:mod:`ray_stream_llm.stores`); adding a store is one :data:`BACKENDS` entry and one module.
+(:mod:`ray_stream_llm.stores`); adding a store is one entry in
+:data:`~ray_stream_llm.stores.registry.BACKENDS` and one module.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ray_stream_llm.errors import ObjectChangedError, StoreTimeoutError, StoreUnreachableError
+from ray_stream_llm.stores.registry import DEFAULT_TIMEOUT_S, TIMEOUT_ENV
 
 if TYPE_CHECKING:
     from ray_stream_llm.stores.settings import ObjectStoreConfig
@@ -26,8 +28,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-TIMEOUT_ENV = "RAY_STREAM_LLM_STORE_TIMEOUT_S"
-DEFAULT_TIMEOUT_S = 30.0  # the driver's preflight: it fails fast, before any actor starts
 # Inside the job's actors (a node's metadata fetch, its shared pull's budget, the compile
 # cache's calls): part of an engine start that takes minutes, beside engines compiling on
 # the node's cores, which can keep a process off the CPU for tens of seconds (seen: every
@@ -67,49 +67,6 @@ def _in_ray_worker() -> bool:
 # Each backend's own client object (boto3 S3 client, google.cloud.storage.Client,
 # azure BlobServiceClient); opaque to everything but the backend that made it.
 Client = Any
-
-
-@dataclasses.dataclass(frozen=True)
-class BackendSpec:
-    """What one URI scheme needs: the module that lists and reads it here, the client
-    package that module imports, the streamer's backend package, and the pip line."""
-
-    scheme: str
-    module: str
-    client_package: str
-    streamer_package: str
-    pip_line: str
-
-
-# The one table keyed by scheme.
-BACKENDS: dict[str, BackendSpec] = {
-    spec.scheme: spec
-    for spec in (
-        BackendSpec(
-            "s3",
-            "ray_stream_llm.stores.s3",
-            "boto3",
-            "runai_model_streamer_s3",
-            "pip install 'runai-model-streamer[s3]==0.17.1'",
-        ),
-        BackendSpec(
-            "gs",
-            "ray_stream_llm.stores.gcs",
-            "google.cloud.storage",
-            "runai_model_streamer_gcs",
-            "pip install 'ray-stream-llm[gcs]'",
-        ),
-        # runai-model-streamer[azure]==0.17.1 asks for runai-model-streamer-azure==0.17.1, which
-        # the package index does not have; 0.17.0 streams with the 0.17.1 streamer
-        BackendSpec(
-            "az",
-            "ray_stream_llm.stores.azure",
-            "azure.storage.blob",
-            "runai_model_streamer_azure",
-            "pip install 'ray-stream-llm[azure]'",
-        ),
-    )
-}
 
 
 @dataclasses.dataclass(frozen=True)

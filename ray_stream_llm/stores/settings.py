@@ -30,8 +30,9 @@ from pydantic import (
     model_validator,
 )
 
+from ray_stream_llm.env import scoped
 from ray_stream_llm.redact import redact
-from ray_stream_llm.stores.base import DEFAULT_TIMEOUT_S, TIMEOUT_ENV
+from ray_stream_llm.stores.registry import DEFAULT_TIMEOUT_S, TIMEOUT_ENV
 
 MIN_OBJECT_STORE_CHUNK = 5 * 1024 * 1024  # the streamer's minimum chunk for object stores
 
@@ -227,17 +228,8 @@ def applied(env: Mapping[str, str]) -> Iterator[None]:
     """Within the block, this process's store variables are ``env``'s and no others (one
     block at a time in the process): for making a client on another process's behalf (the
     node agent's pull), the clients read them as they are made. Restored after."""
-    with _APPLIED:
-        saved = store_env()
-        for name in saved:
-            del os.environ[name]
-        os.environ.update(store_env(env))
-        try:
-            yield
-        finally:
-            for name in store_env():
-                del os.environ[name]
-            os.environ.update(saved)
+    with _APPLIED, scoped({**dict.fromkeys(store_env()), **store_env(env)}):
+        yield
 
 
 def is_local_or_ip(host: str) -> bool:
@@ -265,11 +257,11 @@ class StoreSettings:
 
 
 def _backends() -> list[Any]:
-    """Every registered backend module (``stores.base.BACKENDS``), imported: they import
+    """Every registered backend module (``stores.registry.BACKENDS``), imported: they import
     no client library at module level."""
     import importlib
 
-    from ray_stream_llm.stores.base import BACKENDS
+    from ray_stream_llm.stores.registry import BACKENDS
 
     return [importlib.import_module(spec.module) for spec in BACKENDS.values()]
 

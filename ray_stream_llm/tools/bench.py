@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ray_stream_llm.integrations.ray.runtime_env import scoped_env
+from ray_stream_llm.env import scoped
 from ray_stream_llm.reports import GIB
 from ray_stream_llm.tools.bench_job import MAX_TOKENS, PROMPTS, SAMPLING, run_isolated_job
 
@@ -374,7 +374,7 @@ def metadata_fetch(uris: dict[str, str], workdir: Path) -> dict[str, dict[str, f
     for label, uri in uris.items():
         dest = Path(tempfile.mkdtemp(prefix="meta-", dir=workdir))
         try:
-            with scoped_env({PROGRESS_ENV: "0"}):  # no bar drawn inside the timed fetch
+            with scoped({PROGRESS_ENV: "0"}):  # no bar drawn inside the timed fetch
                 report = fetch_metadata_report(uri, dest / "m")
         finally:
             shutil.rmtree(dest, ignore_errors=True)
@@ -578,7 +578,7 @@ def local_bench_store(
             server.upload_dir(local, uris[f"{n}_shards"])
             shutil.rmtree(local, ignore_errors=True)
         uris[f"model_{shards}_shards"] = model_uri  # the benchmark model itself: 1 GiB of weights
-        with scoped_env(server.env()):
+        with scoped(server.env()):
             weights = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
             yield BenchStore(
                 env=server.env(),

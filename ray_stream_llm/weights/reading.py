@@ -1,8 +1,9 @@
 """The node's region as the engine's processes read it: they never hold it and never pull.
 
-vLLM's processes are given the model's URI as ``model_weights`` (the same string on every
-node, so vLLM's compile cache key holds no node) and the region's directory in
-:data:`REGION_ENV`, which the engine actor sets; this library's loader
+vLLM's processes are given the model's metadata directory and no ``model_weights``; the
+engine actor names the model's URI for that directory in :data:`WEIGHTS_ENV`
+(:func:`weights_of`) and the node's region in :data:`REGION_ENV`, so vLLM's compile key
+holds neither the URI nor the node; this library's loader
 (``integrations/vllm/loader.py``) finds the region there (:func:`region_of`), reads the
 files the stage actor planned, in their order (:func:`planned_files`), and awaits each one
 by its name until it is whole (:func:`wait_for`, :func:`file_source`), so the first engine
@@ -12,6 +13,7 @@ pull goes on; a pull that fails fails every waiter with its typed error.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -22,6 +24,29 @@ from ray_stream_llm.weights.pull import pull_error, pull_timeout
 
 # set by the engine actor for its vLLM processes: the node's region its engine reads
 REGION_ENV = "RAY_STREAM_LLM_REGION"
+# set by the engine actor for its vLLM processes, which are given no model_weights: the
+# model directory it gave vLLM and the URI its weights stream from (neither the URI nor the
+# node is then in vLLM's compile key)
+WEIGHTS_ENV = "RAY_STREAM_LLM_WEIGHTS"
+
+
+def weights_env(model_dir: str, uri: str) -> str:
+    """The value of :data:`WEIGHTS_ENV` naming ``uri`` as the weights of ``model_dir``."""
+    return json.dumps({"model": os.path.normpath(model_dir), "weights": uri})
+
+
+def weights_of(model_or_path: str | os.PathLike[str]) -> str:
+    """What the engine's loader streams for ``model_or_path`` (vLLM's ``model_weights``, or
+    its ``model`` where it has none): the URI :data:`WEIGHTS_ENV` names for that model
+    directory, else ``model_or_path`` itself."""
+    path = os.fspath(model_or_path)
+    try:
+        named = json.loads(os.environ.get(WEIGHTS_ENV) or "{}")
+        if os.path.normpath(path) == named["model"]:
+            return str(named["weights"])
+    except (ValueError, KeyError, TypeError):
+        pass  # none named, or for another directory
+    return path
 
 
 def region_of(model_weights: str | os.PathLike[str]) -> Path | None:

@@ -61,7 +61,6 @@ from ray_stream_llm.weights.store import StoreWeights
 
 if TYPE_CHECKING:
     from ray_stream_llm.fetch import FetchReport
-    from ray_stream_llm.weights.source import WeightSource
 
 logger = logging.getLogger(__name__)
 
@@ -324,11 +323,10 @@ class RegionWeights:
 
     @property
     def model_weights(self) -> str:
-        # the URI, the same on every node (vLLM keys its compile cache by it); the engine's
-        # processes find the region in reading.REGION_ENV, which the engine actor sets
+        # the URI; the engine's processes find the region in reading.REGION_ENV
         return str(self.uri)
 
-    def prepare(self) -> WeightSource:
+    def prepare(self) -> RegionWeights | StoreWeights:
         # the pull asked for again with each attempt; after a failed pull, in this thread,
         # so that vLLM's processes, started next, never read that attempt's failure mark
         self.node.tend(now=(Path(self.region) / FAILED).exists())

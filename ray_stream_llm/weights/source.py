@@ -2,7 +2,7 @@
 
 The driver decides (its :class:`~ray_stream_llm.weights.region.Sharing`), the engine actor
 acquires a source before vLLM starts (:func:`acquire`), prepares it before each start
-attempt, gives vLLM its :attr:`~WeightSource.model_weights`, reports it, and releases it
+attempt, names its :attr:`~WeightSource.model_weights` to the loader, reports it, and releases it
 when the engine goes; the engine's processes await each file where the source fills as
 they read (the loader's wait for each region file by its name). Two sources today, each in
 its own module:
@@ -38,10 +38,9 @@ class WeightSource(Protocol):
 
     @property
     def model_weights(self) -> str:
-        """What vLLM is given as ``model_weights``: the model's URI, the same string on
-        every node and in every cluster (vLLM's compile cache key hashes it). A source read
-        from a local directory also has ``region``, which the engine actor names to the
-        loader (``weights.reading.REGION_ENV``)."""
+        """The model's URI, which the engine's loader streams (the node's region, where
+        there is one, is ``region``: the engine actor names both to the loader,
+        ``weights.reading``)."""
         ...
 
     @property

@@ -3,13 +3,10 @@ the model's URI (a :class:`~ray_stream_llm.weights.source.WeightSource`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ray_stream_llm.fetch import FetchReport
 from ray_stream_llm.uri import ModelURI
-
-if TYPE_CHECKING:
-    from ray_stream_llm.weights.source import WeightSource
 
 
 class StoreWeights:
@@ -22,7 +19,7 @@ class StoreWeights:
     def model_weights(self) -> str:
         return str(self.uri)
 
-    def prepare(self) -> WeightSource:
+    def prepare(self) -> StoreWeights:
         return self
 
     def sizes(self) -> dict[str, int]:

@@ -21,6 +21,7 @@ from typing import Any
 import ray
 
 from ray_stream_llm.config import StreamingvLLMEngineProcessorConfig, streaming_load_format
+from ray_stream_llm.env import scoped
 from ray_stream_llm.errors import InvalidSettingError, UnsupportedRayError
 from ray_stream_llm.integrations.ray.agent import finish_at_exit_of_this_process
 from ray_stream_llm.integrations.ray.compat import (
@@ -41,7 +42,6 @@ from ray_stream_llm.integrations.ray.engine_udf import StreamingvLLMEngineStageU
 from ray_stream_llm.integrations.ray.runtime_env import (
     deliver_env,
     job_runtime_env,
-    scoped_env,
     store_updates,
     with_defaults,
 )
@@ -413,7 +413,7 @@ def build_streaming_processor(
     secret_env = SecretEnv(secrets) if secrets else None
     if not config.streams_from_object_store:
         # Ray's own path; its downloader runs here in the driver and reads os.environ.
-        with scoped_env(settings.env):
+        with scoped(settings.env):
             cluster = cluster_resources(config)
             updates = resource_defaults(config, cluster)
             updates.update(store_updates(config, settings, updates))

@@ -1,10 +1,10 @@
 """The engine stage UDF of a streamed processor: Ray's, with the model's metadata fetched
-on the node and the URI given to vLLM as ``model_weights`` (vLLM then skips its own
-metadata pull and its runai loader streams the weights; where the weights are shared, from
-the node's region, named to the loader apart), and ``VLLM_CACHE_ROOT`` per compile target,
-so that vLLM's own compile key is the same on every node of a target; it retries a start
-that failed on the store, and reports the load. Imported only in the engine actor and by
-the driver's build: it imports vLLM.
+on the node and given to vLLM as a directory named by its content, the weights named to
+the library's loader apart (the URI, or the node's region where the weights are shared),
+and ``VLLM_CACHE_ROOT`` per compile target, so that vLLM's own compile key is the same for
+the same model on every node of a target, under any URI; it retries a start that failed
+on the store, and reports the load. Imported only in the engine actor and by the driver's
+build: it imports vLLM.
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ from ray_stream_llm.errors import (
     StoreUnreachableError,
     WeightLoadError,
 )
-from ray_stream_llm.fetch import FetchReport, fetch_metadata_report
+from ray_stream_llm.fetch import FetchReport, content_dir, fetch_metadata_report
 from ray_stream_llm.integrations.ray.agent import keep_region, pull_region, watch_engine
 from ray_stream_llm.integrations.ray.engine_stage import engine_stage_shims, vLLMEngineStageUDF
 from ray_stream_llm.integrations.ray.progress import progress_enabled
+from ray_stream_llm.integrations.ray.stream_watch import StreamWatcher, from_streamer, root_cause
 from ray_stream_llm.integrations.ray.telemetry import job_id, node_ip, publish, store_failure
 from ray_stream_llm.integrations.ray.udfs import SecretEnv, _prepare, local_metadata
 from ray_stream_llm.integrations.vllm import checksums, compile_store, compile_target, cpu
@@ -41,7 +42,6 @@ from ray_stream_llm.integrations.vllm.shm import (
     remove_orphaned_segments,
     segments_of,
 )
-from ray_stream_llm.integrations.vllm.stream_watch import StreamWatcher, from_streamer, root_cause
 from ray_stream_llm.lora import fetch_adapter
 from ray_stream_llm.plan import Plan
 from ray_stream_llm.redact import redact
@@ -51,13 +51,12 @@ from ray_stream_llm.uri import ModelURI
 from ray_stream_llm.weights import memory
 from ray_stream_llm.weights.marks import failure
 from ray_stream_llm.weights.pull import pull_error
-from ray_stream_llm.weights.reading import REGION_ENV
+from ray_stream_llm.weights.reading import REGION_ENV, WEIGHTS_ENV, weights_env
 from ray_stream_llm.weights.source import WeightSource, acquire
 
 logger = logging.getLogger(__name__)
 
 CACHE_ROOT_ENV = "VLLM_CACHE_ROOT"
-SHARDED = "runai_streamer_sharded"
 
 
 class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
@@ -122,7 +121,7 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
                 raise
             if "tokenizer" in engine_kwargs:
                 engine_kwargs["tokenizer"] = local_metadata(engine_kwargs["tokenizer"])
-            model = str(fetched.path)
+            model = str(content_dir(fetched.path))  # the same path for the same metadata
         local = Path(model) if Path(model).is_dir() else None  # else a hub id: no config
         if on_cpu:
             engine_kwargs = cpu.kv_cache_default(engine_kwargs, local)
@@ -138,12 +137,11 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
         for attempt in range(1, attempts + 1):
             if self._weights is not None:  # vLLM then skips its own pull and streams these
                 self._weights = self._weights.prepare()
-                region = getattr(self._weights, "region", None)
-                engine_kwargs["model_weights"] = self._weights.model_weights
-                if region is not None and engine_kwargs.get("load_format") == SHARDED:
-                    # vLLM's sharded loader globs model_weights itself: the region's path
-                    engine_kwargs["model_weights"] = region
-                _engine_env(REGION_ENV, region)
+                # vLLM gets no model_weights (its compile key then holds no URI and no
+                # node); the library's loader reads the URI, or the node's region, named here
+                engine_kwargs.pop("model_weights", None)
+                _engine_env(WEIGHTS_ENV, weights_env(model, self._weights.model_weights))
+                _engine_env(REGION_ENV, getattr(self._weights, "region", None))
             watcher = StreamWatcher(uri_text, progress=progress_enabled())
             try:
                 with watcher, engine_stage_shims():

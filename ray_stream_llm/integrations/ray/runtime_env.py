@@ -11,10 +11,9 @@ shown.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ray_stream_llm.config import streaming_load_format
@@ -129,18 +128,3 @@ def with_defaults(runtime_env: Mapping[str, Any] | None, env: Mapping[str, str])
     out = dict(runtime_env or {})
     out["env_vars"] = {**env, **(out.get("env_vars") or {})}
     return out
-
-
-@contextlib.contextmanager
-def scoped_env(env: Mapping[str, str]) -> Iterator[None]:
-    """Set ``env`` in this process for the duration of the block, then restore it."""
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value

@@ -76,21 +76,15 @@ class CacheKey:
 
 
 def metadata_identity(model: Any) -> str | None:
-    """What a model directory this library fetched stands for in the store's key: a digest
-    of what its ``fetch_model_metadata`` marker records of each file (name, size, CRC32 of
-    the bytes), not its path; None for any other directory."""
+    """What a model directory this library fetched stands for in the store's key
+    (:func:`~ray_stream_llm.fetch.metadata_digest`), not its path; None for any other
+    directory."""
     if not isinstance(model, str) or not model:
         return None
-    from ray_stream_llm.fetch import MARKER
+    from ray_stream_llm.fetch import metadata_digest
 
-    try:
-        with open(os.path.join(os.path.realpath(os.path.expanduser(model)), MARKER)) as f:
-            files = json.load(f)["files"]
-        recorded = sorted((str(n), v["size"], v["crc32"]) for n, v in files.items())
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    digest = hashlib.sha256(json.dumps(recorded).encode()).hexdigest()[:32]
-    return f"ray_stream_llm-metadata:{digest}"
+    digest = metadata_digest(os.path.realpath(os.path.expanduser(model)))
+    return None if digest is None else f"ray_stream_llm-metadata:{digest}"
 
 
 def cache_key(metadata_dir: str) -> CacheKey | None:

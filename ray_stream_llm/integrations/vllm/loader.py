@@ -6,9 +6,13 @@ own load-format names through vLLM's public ``register_model_loader``.
 the weights are iterated (:func:`stream_weights`), so vLLM's own option checks, listing and
 weight loading stay in charge. What they add:
 
+- **The engine's weights, named apart.** The engine actor gives vLLM its model directory
+  and no ``model_weights`` (vLLM's compile key then holds no URI and no node) and names
+  the URI the weights stream from for that directory
+  (:func:`~ray_stream_llm.weights.reading.weights_of`).
 - **A node's shared region, file by file.** When the engine actor names a region for the
-  model's URI (``model_weights``: :func:`~ray_stream_llm.weights.reading.region_of`), or
-  ``model_weights`` is a region's directory (it holds the region's marker), the files
+  model's URI (:func:`~ray_stream_llm.weights.reading.region_of`), or the path vLLM gives
+  is a region's directory (it holds the region's marker), the files
   are the ones the marker lists, in that order, and each is streamed once it is whole
   under its name in that directory (:func:`~ray_stream_llm.weights.reading.file_source`:
   or from the store, its URI made from the marker's, where ``'auto'`` gave the region up).
@@ -50,8 +54,8 @@ from ray_stream_llm.weights.reading import (
     file_source,
     planned_files,
     region_of,
-    region_of_dir,
     wait_for,
+    weights_of,
 )
 
 # The streamer's tuning, as the streaming process sees it (vLLM applies its
@@ -100,6 +104,7 @@ def register() -> list[str]:
         """vLLM's Run:ai loader; a node's region is read file by file as each completes."""
 
         def _prepare_weights(self, model_name_or_path: str, revision: str | None) -> list[str]:
+            model_name_or_path = weights_of(model_name_or_path)  # the engine's URI
             planned = planned_files(model_name_or_path)  # a region: its marker's files
             if planned is not None:
                 return planned
@@ -112,6 +117,7 @@ def register() -> list[str]:
             # a newer vLLM's predicate of the weights a model does not use (0.33:
             # is_unused_weight, passed positionally and most often None)
             unused = args[0] if args else kwargs.get("is_unused_weight")
+            model_or_path = weights_of(model_or_path)  # the engine's URI
             region = region_of(model_or_path)  # the URI, with the node's region named apart
             if region is not None:  # the marker's files, each awaited by its name
                 return stream_weights(
@@ -134,17 +140,32 @@ def register() -> list[str]:
         URI it cannot list is refused (:func:`check_sharded_location`)."""
 
         def _prepare_weights(self, model_name_or_path: str, revision: str | None) -> Any:
-            check_sharded_location(model_name_or_path)
-            return super()._prepare_weights(model_name_or_path, revision)
+            source = weights_of(model_name_or_path)  # the engine's URI
+            check_sharded_location(source)
+            region = region_of(source)
+            return super()._prepare_weights(str(region or source), revision)
 
         def load_weights(self, model: Any, model_config: Any) -> None:
+            given = model_config.model_weights or model_config.model
+            source = weights_of(given)  # the engine's URI
             # vLLM >= 0.34 calls _prepare_weights here first; older ones glob at once
-            check_sharded_location(model_config.model_weights or model_config.model)
-            region = region_of_dir(model_config.model_weights or model_config.model)
+            check_sharded_location(source)
+            region = region_of(source)
             if region is not None:
                 for obj in objects_of(region):
                     wait_for(region, obj.path)
-            super().load_weights(model, model_config)
+                source = str(region)
+            if source == given:
+                super().load_weights(model, model_config)
+                return
+            # vLLM's loader globs model_weights: set for the load alone (its compile key
+            # is made from the engine's config as given)
+            saved = model_config.model_weights
+            model_config.model_weights = source
+            try:
+                super().load_weights(model, model_config)
+            finally:
+                model_config.model_weights = saved
 
         def iterate_over_files(self, paths: list[str]) -> Iterator[tuple[str, Any]]:
             if self.load_config.load_format != "runai_streamer_sharded":

@@ -171,7 +171,7 @@ def save_sharded_checkpoint(
 
     from vllm import LLM
 
-    from ray_stream_llm.integrations.ray.runtime_env import scoped_env
+    from ray_stream_llm.env import scoped
 
     on_cpu = cpu.is_cpu_build()
     before = cpu.allreduce_segments() if on_cpu else set()
@@ -181,7 +181,7 @@ def save_sharded_checkpoint(
     start = time.perf_counter()
     try:
         # inherited by the engine's processes (register), restored once it started
-        with scoped_env({SHARD_WRITER_ENV: "1", "VLLM_RPC_BASE_PATH": rpc}):
+        with scoped({SHARD_WRITER_ENV: "1", "VLLM_RPC_BASE_PATH": rpc}):
             llm = LLM(**engine_kwargs)
     except BaseException:
         shutil.rmtree(rpc, ignore_errors=True)

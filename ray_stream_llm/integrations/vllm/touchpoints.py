@@ -65,7 +65,7 @@ _STORE = "integrations/vllm/compile_store.py"
 _TARGET = "integrations/vllm/compile_target.py"
 _CPU = "integrations/vllm/cpu.py"
 _STAGE = "integrations/ray/engine_stage.py"
-_WATCH = "integrations/vllm/stream_watch.py"
+_WATCH = "integrations/ray/stream_watch.py"
 
 _ML = "vllm.model_executor.model_loader"
 _DECORATORS = "vllm.compilation.decorators"

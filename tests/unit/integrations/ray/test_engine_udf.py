@@ -20,7 +20,7 @@ from ray_stream_llm.errors import (
 )
 from ray_stream_llm.integrations.ray import engine_udf
 from ray_stream_llm.integrations.vllm.plugin import RAY_COPY_ENV
-from ray_stream_llm.integrations.vllm.stream_watch import StreamWatcher
+from ray_stream_llm.integrations.ray.stream_watch import StreamWatcher
 from ray_stream_llm.plan import Plan
 from ray_stream_llm.stores.base import WAITED_OUT
 from ray_stream_llm.uri import parse_model_uri

@@ -1,5 +1,5 @@
 """The engine actor's reading of what vLLM's processes report
-(ray_stream_llm/integrations/vllm/stream_watch.py): the root cause of a failed start,
+(ray_stream_llm/integrations/ray/stream_watch.py): the root cause of a failed start,
 whether the streamer raised, and the reports collected from a real report directory."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import os
 
 from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV
-from ray_stream_llm.integrations.vllm.stream_watch import StreamWatcher, from_streamer, root_cause
+from ray_stream_llm.integrations.ray.stream_watch import StreamWatcher, from_streamer, root_cause
 
 WRAPPED = {
     "time": 2.0,

@@ -3,12 +3,12 @@ in the engine's processes, and shows the streamed bytes as a progress bar."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import threading
 from typing import Any
 
+from ray_stream_llm.env import scoped
 from ray_stream_llm.integrations.ray.progress import ByteProgress
 from ray_stream_llm.integrations.vllm.checksums import PREFIX as CHECKSUM
 from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV, read_reports
@@ -31,8 +31,8 @@ class StreamWatcher:
 
     def __enter__(self) -> StreamWatcher:
         self._dir = tempfile.mkdtemp(prefix="rsl-load-")
-        self._previous = os.environ.get(REPORT_DIR_ENV)
-        os.environ[REPORT_DIR_ENV] = self._dir
+        self._env = scoped({REPORT_DIR_ENV: self._dir})  # vLLM's processes inherit it
+        self._env.__enter__()
         self._thread = threading.Thread(target=self._watch, name="rsl-stream-progress", daemon=True)
         self._thread.start()
         return self
@@ -43,10 +43,7 @@ class StreamWatcher:
         self.sessions = self._read("")
         self.failures = sorted(self._read("failure-"), key=lambda f: f.get("time", 0.0))
         self.checksums = sorted(self._read(CHECKSUM), key=lambda c: (c["rank"] or 0, c["pid"]))
-        if self._previous is None:
-            os.environ.pop(REPORT_DIR_ENV, None)
-        else:
-            os.environ[REPORT_DIR_ENV] = self._previous
+        self._env.__exit__(None, None, None)
         shutil.rmtree(self._dir, ignore_errors=True)
 
     @property
