@@ -1,5 +1,5 @@
 """The suite's fixed places, for tests at any depth under tests/: the checkout (REPO), the
-test tree (TESTS), its helpers (HELPERS) and its data (DATA)."""
+test tree (TESTS) and its helpers (HELPERS)."""
 
 from __future__ import annotations
 
@@ -8,4 +8,3 @@ from pathlib import Path
 HELPERS = Path(__file__).resolve().parent
 TESTS = HELPERS.parent
 REPO = TESTS.parent
-DATA = TESTS / "data"

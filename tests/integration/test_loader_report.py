@@ -10,8 +10,8 @@ import torch
 from helpers.models import tensor_bytes
 from safetensors.torch import load_file
 
-from ray_stream_llm.integrations.vllm.plugin import RAY_COPY_ENV, REPORT_DIR_ENV, register
 from ray_stream_llm.integrations.ray.stream_watch import StreamWatcher
+from ray_stream_llm.integrations.vllm.plugin import RAY_COPY_ENV, REPORT_DIR_ENV, register
 from ray_stream_llm.reports import stream_figures
 
 

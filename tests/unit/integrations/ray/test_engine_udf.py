@@ -19,8 +19,8 @@ from ray_stream_llm.errors import (
     WeightLoadError,
 )
 from ray_stream_llm.integrations.ray import engine_udf
-from ray_stream_llm.integrations.vllm.plugin import RAY_COPY_ENV
 from ray_stream_llm.integrations.ray.stream_watch import StreamWatcher
+from ray_stream_llm.integrations.vllm.plugin import RAY_COPY_ENV
 from ray_stream_llm.plan import Plan
 from ray_stream_llm.stores.base import WAITED_OUT
 from ray_stream_llm.uri import parse_model_uri

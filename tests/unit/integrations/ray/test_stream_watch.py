@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import os
 
-from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV
 from ray_stream_llm.integrations.ray.stream_watch import StreamWatcher, from_streamer, root_cause
+from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV
 
 WRAPPED = {
     "time": 2.0,
