@@ -1,28 +1,13 @@
 """vLLM's compile cache in this library's engines: the AOT artifact loaded again, and the
 compile phase measured where it runs.
 
-**The load fix.** vLLM 0.29 saves each engine's torch.compile result as an AOT artifact
-(``VLLM_USE_AOT_COMPILE``, on by default with torch >= 2.10) under
-``$VLLM_CACHE_ROOT/torch_compile_cache/torch_aot_compile/<hash>/rank_<r>_<dp>/model``
-and, on the next start, loads it in ``vllm.compilation.decorators._try_load_aot_compiled_fn``,
-which then calls ``loaded_fn._artifacts.compiled_fn.finalize_loading(vllm_config)``
-unconditionally. Only vLLM's own ``VllmSerializableFunction`` (the artifact of
-``CompilationMode.VLLM_COMPILE``) has ``finalize_loading``. vLLM's CPU build compiles
-with ``CompilationMode.DYNAMO_TRACE_ONCE`` and the ``"inductor"`` backend
-(``vllm/platforms/cpu.py``), for which torch wraps the compiled function in
-``torch._dynamo.aot_compile_types.BundledAOTAutogradSerializableCallable``; that class
-forwards unknown attributes to the inner compiled function (``__getattr__``), so every
-load ends in ``AttributeError: 'function' object has no attribute 'finalize_loading'``,
-vLLM logs "Compiling model again due to a load failure" and compiles again. The torch
-artifact needs no finalising (``deserialize_compile_artifacts`` returns the loaded
-Inductor code), so :func:`fix_aot_load` gives that class a ``finalize_loading`` that does
-nothing, only where vLLM calls it and torch's class lacks it (feature-detected: with a
-vLLM that checks first, or a torch that has one, it changes nothing).
-``RAY_STREAM_LLM_AOT_LOAD_FIX=0`` turns it off.
+**The load fix** (vLLM 0.29's CPU build never loaded its AOT artifact again) is
+:mod:`~ray_stream_llm.integrations.vllm.aot_fix`, applied here.
 
 **The key** is vLLM's own (``aot_compile_hash_factors``), left as it is: the engine actor
-gives vLLM paths that are the same on every node (the metadata directory, named after the
-model's URI; the URI as ``model_weights``, the node's region named to the loader apart) and
+gives vLLM paths that are the same on every node and under any URI (the metadata
+directory named by its content, no ``model_weights``: the URI and the node's region are
+named to the loader apart) and
 a ``VLLM_CACHE_ROOT`` per compile target
 (:func:`~ray_stream_llm.integrations.vllm.compile_target.cache_root`), so a node never
 looks up code built for another CPU instruction set or accelerator.
@@ -40,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import inspect
 import json
 import logging
 import os
@@ -49,6 +33,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ray_stream_llm.files import HeldLock, try_locked, write_whole
+from ray_stream_llm.integrations.vllm import aot_fix
 from ray_stream_llm.integrations.vllm.touchpoints import LOAD_FAILURE
 
 # set by the engine actor: where each of its processes writes what it measured
@@ -81,7 +66,6 @@ def read_reports(directory: str, keep: Callable[[str], bool] = lambda name: True
     return found
 
 
-FIX_ENV = "RAY_STREAM_LLM_AOT_LOAD_FIX"
 SUBDIR = "compile"
 logger = logging.getLogger(__name__)
 _PATCHED = "_rsl_patched"  # on each of vLLM's functions replaced here: a second register() keeps it
@@ -92,7 +76,7 @@ def install(directory: str | None) -> None:
     node, and the measurement when the engine actor named a report ``directory``.
     Never raises: with a vLLM or torch this code does not know, vLLM is left as it is."""
     steps: list[tuple[Callable[[], object], str]] = [
-        (fix_aot_load, "AOT load fix not applied"),
+        (aot_fix.apply, "AOT load fix not applied"),
         (compile_once, "engines of a node compile each"),
     ]
     if directory:
@@ -102,45 +86,6 @@ def install(directory: str | None) -> None:
             step()
         except Exception:
             logger.debug(otherwise, exc_info=True)
-
-
-def _finalize_nothing(self: Any, vllm_config: Any) -> None:
-    """Torch's bundled AOTAutograd artifact is complete once deserialised."""
-
-
-def needs_fix() -> bool:
-    """Whether this vLLM calls ``finalize_loading`` on every loaded artifact and torch's
-    ``BundledAOTAutogradSerializableCallable`` (what the ``inductor`` backend's artifacts
-    load as) has none of its own."""
-    if os.environ.get(FIX_ENV, "1") == "0":
-        return False
-    try:
-        from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable
-        from vllm.compilation import decorators
-    except ImportError:
-        return False
-    loader = getattr(decorators, "_try_load_aot_compiled_fn", None)
-    if loader is None:
-        return False
-    try:
-        source = inspect.getsource(inspect.unwrap(loader))  # under the claim wrapper, if set
-    except (OSError, TypeError):
-        return False
-    calls = "compiled_fn.finalize_loading(" in source
-    # the class's own attributes: its __getattr__ would forward a lookup on an instance
-    mro = BundledAOTAutogradSerializableCallable.__mro__
-    has_own = any("finalize_loading" in vars(k) for k in mro)
-    return calls and not has_own
-
-
-def fix_aot_load() -> bool:
-    """Apply the load fix where it is needed (idempotent); whether it was applied now."""
-    if not needs_fix():
-        return False
-    from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as cls
-
-    cls.finalize_loading = _finalize_nothing
-    return True
 
 
 # --- one compile per node -----------------------------------------------------------------

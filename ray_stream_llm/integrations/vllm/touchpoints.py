@@ -61,6 +61,7 @@ class TouchPoint:
 _LOADER = "integrations/vllm/loader.py"
 _PLUGIN = "integrations/vllm/plugin.py"
 _CACHE = "integrations/vllm/compile_cache.py"
+_AOT = "integrations/vllm/aot_fix.py"
 _STORE = "integrations/vllm/compile_store.py"
 _TARGET = "integrations/vllm/compile_target.py"
 _CPU = "integrations/vllm/cpu.py"
@@ -181,7 +182,7 @@ TOUCHPOINTS: tuple[TouchPoint, ...] = (
     TouchPoint("vllm.compilation.counter", "CompilationCounter.num_aot_artifacts_saved", _CACHE),
     TouchPoint("vllm.distributed.parallel_state", "_TP", _CACHE),
     TouchPoint("vllm.distributed.parallel_state", "get_tensor_model_parallel_rank", _CACHE, ()),
-    TouchPoint("torch._dynamo.aot_compile_types", "BundledAOTAutogradSerializableCallable", _CACHE),
+    TouchPoint("torch._dynamo.aot_compile_types", "BundledAOTAutogradSerializableCallable", _AOT),
     TouchPoint("torch._dynamo.utils", "counters", _CACHE),
     # what compiled code is built for
     TouchPoint("torch._inductor.cpu_vec_isa", "pick_vec_isa", _TARGET, ()),

@@ -1,6 +1,6 @@
 """vLLM's compile cache on a node (issue 20; integrations/vllm/compile_cache.py), its pure
 parts without an engine: the outcome rules from vLLM's records, the feature detection of
-the load fix, vLLM's own key and the cache root per target, and the bounded wait for another
+vLLM's own key and the cache root per target, and the bounded wait for another
 engine's compile (real processes holding the lock). The engines that compile and load:
 tests/e2e/test_compile_cache.py; the artifacts on a real store:
 tests/integration/test_compile_store.py."""
@@ -93,24 +93,6 @@ def test_a_process_records_what_vllm_said_and_never_remakes_a_removed_directory(
     gone.blocks = 1
     gone.write()
     assert not (tmp_path / "removed").exists()
-
-
-def test_the_load_fix_is_feature_detected():
-    """On this stack (vLLM 0.29 calls finalize_loading on every loaded artifact, torch's
-    bundled artifact has none) the fix is needed; once applied it is not needed again,
-    and it only adds a method that does nothing."""
-    from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as cls
-
-    had = "finalize_loading" in vars(cls)
-    try:
-        if not had:
-            assert compile_cache.needs_fix()
-        compile_cache.fix_aot_load()
-        assert not compile_cache.needs_fix()
-        assert cls.finalize_loading(object.__new__(cls), None) is None
-    finally:
-        if not had and "finalize_loading" in vars(cls):
-            del cls.finalize_loading
 
 
 def test_vllms_own_key_stays_and_is_the_same_on_every_node(tiny_layout, tmp_path):
