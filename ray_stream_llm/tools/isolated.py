@@ -1,11 +1,13 @@
 """One job in an isolated environment: the one helper the benchmarks, the demo and the
-tests use to run a Ray Data job as a new user's process would, on a clean node.
+tests use to run a Ray Data job on a clean node, apart from the machine's other work.
 
-:func:`isolated_env` gives a process environment in which HOME, TMPDIR, vLLM's
-sockets and torch's inductor cache all live under one work directory (so "what did
-the job write to local disk" is a walk of that directory), Ray stays on loopback,
-nothing phones home, and no AWS, streamer or cache variable of the caller leaks in.
-:func:`run_isolated` runs a command there and keeps its output in ``job.log``.
+:func:`user_env` is a new user's shell: PATH, LANG, a fresh HOME and TMPDIR under one
+work directory, and nothing else. :func:`isolated_env` adds what a test or bench job needs
+beside that and a user never sets: vLLM's sockets and torch's inductor cache under the
+same directory (so "what did the job write to local disk" is a walk of that directory),
+Ray on loopback and nothing phoning home (``commands.LOCAL_ENV``); no AWS, streamer or
+cache variable of the caller leaks into either. :func:`run_isolated` runs a command with
+:func:`isolated_env` and keeps its output in ``job.log``.
 """
 
 from __future__ import annotations
@@ -28,18 +30,27 @@ def private_dirs(work: Path) -> dict[str, str]:
     return {name: str(path) for name, path in dirs.items()}
 
 
-def isolated_env(work: Path, extra: Mapping[str, str | None] | None = None) -> dict[str, str]:
-    """A process environment whose user-level paths are all under ``work`` (created):
-    ``home``, ``tmp``, ``rpc`` and ``inductor``; ``extra`` is added last (a value of
-    None removes that variable: e.g. ``TMPDIR``, to run as a user who never set it)."""
+def user_env(work: Path) -> dict[str, str]:
+    """A new user's shell environment, its paths under ``work`` (created): PATH (the
+    caller's), LANG, HOME (``home``) and TMPDIR (``tmp``: where Ray's session, vLLM's
+    sockets and torch's cache go by default, kept apart from the machine's other jobs)."""
     home, tmp = work / "home", work / "tmp"
     for path in (home, tmp):
         path.mkdir(parents=True, exist_ok=True)
-    env: dict[str, str | None] = {
+    return {
         "PATH": os.environ.get("PATH", ""),
         "LANG": "C.UTF-8",
         "HOME": str(home),
         "TMPDIR": str(tmp),
+    }
+
+
+def isolated_env(work: Path, extra: Mapping[str, str | None] | None = None) -> dict[str, str]:
+    """:func:`user_env` plus ``commands.LOCAL_ENV`` and :func:`private_dirs` (``rpc``,
+    ``inductor``); ``extra`` is added last (a value of None removes that variable: e.g.
+    ``TMPDIR``, to run as a user who never set it)."""
+    env: dict[str, str | None] = {
+        **user_env(work),
         **LOCAL_ENV,
         **private_dirs(work),
         **(extra or {}),

@@ -3,9 +3,10 @@
 Starts SeaweedFS on 127.0.0.1 (:class:`~ray_stream_llm.tools.localstore.LocalS3Server`),
 publishes a model directory into it (the demo model, SmolLM2-135M-Instruct, by
 default), writes the store's variables to ``env.sh`` in its directory (mode 0600: they
-hold this store's own random credentials, valid only for it), prints the ``export``
-lines and the ``ObjectStoreConfig(...)`` snippet, and stops the server on Ctrl-C or
-SIGTERM, removing what it wrote.
+hold this store's own random credentials, valid only for it; and :data:`LOOPBACK_ENV`,
+since only this machine reaches the store), prints the ``export`` lines and the
+``ObjectStoreConfig(...)`` snippet, and stops the server on Ctrl-C or SIGTERM, removing
+what it wrote.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from ray_stream_llm.cache import cache_root
 
 DEFAULT_PORT = 8333  # SeaweedFS's own default S3 port
 ENV_NAMES = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")
+# The store listens on 127.0.0.1 only, so a job that reads it runs on this machine: the Ray
+# such a job starts binds to 127.0.0.1 too, not to every interface (Ray's Linux default).
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 def default_dir() -> Path:
@@ -71,10 +75,12 @@ def serve(
             fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(f"export {exports}\n")
+                f.write("export " + " ".join(f"{k}={v}" for k, v in LOOPBACK_ENV.items()) + "\n")
             say(
                 f"Local S3 store (SeaweedFS) on {server.endpoint_url}, pid {server.pid}: "
                 f"{uri} ({len(keys)} files, {_size(size)})\n"
-                f"\nIn another shell, point the AWS variables at it:\n"
+                f"\nIn another shell, point the AWS variables at it (and keep a Ray started "
+                "there on 127.0.0.1):\n"
                 f"  source {env_file}\n"
                 f"or\n  export {exports}\n"
                 f"\nOr give it in the config (no variables needed):\n"

@@ -1,5 +1,6 @@
 """Jobs run as a user's script in an isolated environment
-(:mod:`ray_stream_llm.tools.isolated`), and what to measure around them: weight files
+(:func:`ray_stream_llm.tools.isolated.isolated_env`: a fresh HOME and TMPDIR, plus the
+machine's settings a user never sets), and what to measure around them: weight files
 written, objects the server served, metrics scraped."""
 
 from __future__ import annotations
