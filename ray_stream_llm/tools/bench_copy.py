@@ -91,7 +91,8 @@ def copy_in_fresh_process(files: list[Path], tmpfs: Path) -> dict[str, Any]:
 
 
 def where() -> str:
-    return f"measured here: {platform.node()}, {os.cpu_count()} CPUs"
+    """Where a run was measured: the machine's name and CPU count."""
+    return f"measured on {platform.node()}, {os.cpu_count()} CPUs"
 
 
 def region_and_copy(

@@ -322,7 +322,7 @@ class NodeAgent:
 
         try:
             # this agent's own engine is watched even if it has just died (killed as its start
-            # returned, before this thread ran: CI saw that), as is an earlier agent's that runs
+            # returned, before this thread ran), as is an earlier agent's that runs
             if not left or shm.is_running(pid, state["started"]):
                 members, seen = _tree(state)
                 shm.watch(

@@ -299,8 +299,8 @@ def stage_env(*runtime_envs: dict[str, Any] | None) -> dict[str, str]:
     """What every stage worker of a processor this library builds needs in its environment
     on this Ray: ``RAY_USE_UVLOOP=0`` where Ray's workers would install a uvloop that refuses
     to make a loop and Ray asks it for one (:func:`_ray_asks_the_policy_for_a_loop`): every
-    async stage died in its constructor with "There is no current event loop" (Ray 2.54.1
-    with uvloop 0.23.0, seen here). Nothing where that cannot happen, or where the user
+    async stage dies in its constructor with "There is no current event loop" (Ray 2.54.1
+    with uvloop 0.23.0). Nothing where that cannot happen, or where the user
     chose ``RAY_USE_UVLOOP`` (this process's environment, or one of ``runtime_envs``)."""
     chosen = UVLOOP in os.environ or any(
         UVLOOP in ((env or {}).get("env_vars") or {}) for env in runtime_envs

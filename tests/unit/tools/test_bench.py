@@ -231,7 +231,7 @@ def test_the_copy_suite_puts_the_regions_weight_phase_over_a_plain_copy():
     got = bench_copy.figures(report, {"seconds": 0.25, "bytes": 2**30, "tensors": 10})
     assert (got["weight_seconds"], got["weight_wait_seconds"]) == (2.0, 0.5)
     assert (got["copy_gib_per_s"], got["weight_over_copy"]) == (4.0, 8.0)
-    assert got["where"].startswith("measured here: ")
+    assert got["where"].startswith("measured on ")
     runs = [{"copy": {**got, "weight_over_copy": x}} for x in (8.0, 6.0, 12.0)]
     result = BenchResult(runs=runs, environment={"cpus": 2})
     assert result.series()["copy.weight_over_copy"] == ([8.0, 6.0, 12.0], "x", "LATENCY")
