@@ -89,18 +89,23 @@ def metadata_digest(directory: str | Path) -> str | None:
     return hashlib.sha256(json.dumps(recorded).encode()).hexdigest()[:32]
 
 
-def content_dir(directory: Path) -> Path:
-    """The path of the fetched metadata ``directory`` that names its content, not its URI:
-    ``<cache root>/content/<digest>``, a link to ``directory`` made (or pointed there again)
-    now; ``directory`` itself where it has no marker. The same model under another URI, or
-    on another node with the same cache root, is the same path: vLLM hashes the path into
-    its compile cache key. Any directory the link may point to holds the same files."""
+# Where the content-named links live: one fixed path per user on every node, whatever HOME
+# or the library's cache is, since vLLM hashes the path into its compile cache key
+CONTENT_BASE = Path(f"/tmp/ray_stream_llm-{os.getuid()}/models")
+
+
+def content_dir(directory: Path, base: Path = CONTENT_BASE) -> Path:
+    """The path of the fetched metadata ``directory`` that names its content, not its URI
+    nor where the library's cache is: ``<base>/<digest>``, a link to ``directory`` made (or
+    pointed there again) now; ``directory`` itself where it has no marker. The same model
+    under another URI, in another HOME or on another node is the same path. Any directory
+    the link may point to holds the same files."""
     digest = metadata_digest(directory)
     if digest is None:
         return directory
-    link = cache_root() / "content" / digest
-    link.parent.mkdir(parents=True, exist_ok=True)
-    staging = link.parent / f".{digest}.{os.getpid()}.tmp"
+    link = base / digest
+    base.mkdir(parents=True, exist_ok=True)
+    staging = base / f".{digest}.{os.getpid()}.tmp"
     staging.unlink(missing_ok=True)
     staging.symlink_to(directory.resolve(), target_is_directory=True)
     os.replace(staging, link)  # whole: a reader sees the old link or the new one

@@ -25,9 +25,9 @@ def test_engines_compile_once_per_node_and_another_node_loads_it_from_the_store(
     s3_server, tiny_models, work
 ):
     """Three Ray nodes (``ray.cluster_utils.Cluster``). Nodes A and B have each their own
-    vLLM cache, Inductor cache and TMPDIR, as two machines' disks would be, and the library's
-    cache at one path (as one image's HOME gives every machine; vLLM's own key, which the
-    library leaves as it is, hashes the metadata directory's path, issue 55):
+    vLLM cache, library cache, Inductor cache and TMPDIR, as two machines' disks would be
+    (vLLM's own key, which the library leaves as it is, hashes the model directory's path:
+    the library gives it one path on every node, issue 55):
     two engines start together on node A, one compiles, the other waits for its artifact
     and loads it, and the compiled engine ships the artifact to ``compile_cache_uri``; then
     the same job's engine on node B, whose cache is empty, fetches it before vLLM starts
@@ -58,7 +58,7 @@ def test_engines_compile_once_per_node_and_another_node_loads_it_from_the_store(
             "resources": {f"node_{name}": slots},
             "env_vars": {
                 "VLLM_CACHE_ROOT": str(disks[disk] / "vllm"),
-                "RAY_STREAM_LLM_CACHE": str(work / "ray_stream_llm"),  # one path everywhere
+                "RAY_STREAM_LLM_CACHE": str(disks[disk] / "ray_stream_llm"),
                 "TORCHINDUCTOR_CACHE_DIR": str(disks[disk] / "inductor"),
                 "TMPDIR": str(disks[disk] / "tmp"),
                 **(env or {}),
