@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers.reports import a_load_report
 
 from ray_stream_llm.reports import LoadReport, stream_figures
 
@@ -55,31 +56,8 @@ def test_stream_figures_span_parallel_sessions():
     assert stream_figures([], sizes)["stream_seconds"] is None
 
 
-def _report(**changes) -> LoadReport:
-    base = dict(
-        model="s3://b/m/",
-        streamed=True,
-        job_id="01000000",
-        node_ip="127.0.0.1",
-        pid=1,
-        attempt=1,
-        ready_seconds=30.0,
-        metadata_files=6,
-        metadata_bytes=3_524_725,
-        metadata_seconds=0.5,
-        metadata_downloaded=True,
-        weight_files=1,
-        weight_bytes=2 * 1024**3,
-        streamed_tensor_bytes=2 * 1024**3 - 100,
-        stream_seconds=4.0,
-        streamer_settings={"concurrency": "16"},
-        finished_at=1.0,
-    )
-    return LoadReport(**{**base, **changes})
-
-
 def test_report_line_and_round_trip():
-    report = _report()
+    report = a_load_report()
     assert report.gib_per_s == 0.5
     line = report.log_line()
     assert "in 30.0s (attempt 1)" in line and "6 files, 3524725 bytes in 0.50s (downloaded)" in line
@@ -87,11 +65,11 @@ def test_report_line_and_round_trip():
         f"{2 * 1024**3} bytes streamed in 4.00s (0.500 GiB/s)" in line and "concurrency=16" in line
     )
     assert LoadReport.from_dict(json.loads(json.dumps(report.to_dict()))) == report
-    unmeasured = _report(
+    unmeasured = a_load_report(
         weight_files=None, weight_bytes=None, streamed_tensor_bytes=None, stream_seconds=None
     )
     assert unmeasured.gib_per_s is None and "stream figures not measured" in unmeasured.log_line()
-    assert "(not streamed)" in _report(streamed=False).log_line()
+    assert "(not streamed)" in a_load_report(streamed=False).log_line()
 
 
 def test_load_reports_needs_ray():

@@ -9,11 +9,11 @@ from typing import ClassVar
 import pytest
 import ray
 import ray.util.metrics
+from helpers.reports import a_load_report
 from ray.experimental import internal_kv
 
 from ray_stream_llm import errors
 from ray_stream_llm.integrations.ray import telemetry
-from ray_stream_llm.reports import LoadReport
 
 
 class _Metric:
@@ -43,31 +43,8 @@ def metrics(monkeypatch):
     return _Metric.made
 
 
-def _report(**changes) -> LoadReport:
-    base = dict(
-        model="s3://bucket/m/",
-        streamed=True,
-        job_id="01000000",
-        node_ip="127.0.0.1",
-        pid=1,
-        attempt=1,
-        ready_seconds=30.0,
-        metadata_files=6,
-        metadata_bytes=3_524_725,
-        metadata_seconds=0.5,
-        metadata_downloaded=True,
-        weight_files=1,
-        weight_bytes=2 * 1024**3,
-        streamed_tensor_bytes=2 * 1024**3 - 100,
-        stream_seconds=4.0,
-        streamer_settings={"concurrency": "16"},
-        finished_at=1.0,
-    )
-    return LoadReport(**{**base, **changes})
-
-
 def test_a_streamed_report_sets_each_metric_from_its_field(metrics):
-    report = _report(ranks=[{"rank": 0, "weight_bytes": 100, "seconds": 2.5}])
+    report = a_load_report(ranks=[{"rank": 0, "weight_bytes": 100, "seconds": 2.5}])
     telemetry._record_metrics(report)
     tags = {"model": "s3://bucket/m/", "streamed": "true"}
     assert metrics["stream_llm_engines_ready"].values == [("inc", 1, tags)]
@@ -85,7 +62,7 @@ def test_a_streamed_report_sets_each_metric_from_its_field(metrics):
 
 def test_an_engine_that_did_not_stream_counts_only_its_start(metrics):
     telemetry._record_metrics(
-        _report(streamed=False, weight_bytes=0, stream_seconds=None, streamed_tensor_bytes=0)
+        a_load_report(streamed=False, weight_bytes=0, stream_seconds=None, streamed_tensor_bytes=0)
     )
     tags = {"model": "s3://bucket/m/", "streamed": "false"}
     assert metrics["stream_llm_engines_ready"].values == [("inc", 1, tags)]
