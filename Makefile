@@ -93,7 +93,14 @@ VLLM_NEXT := .venvs/vllm-0.32.0
 # the wheel to it in its runtime_env: tests/e2e/test_examples.py)
 BARE := .venvs/cluster-ray-2.60.0
 PURELIB := -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
-setup-compat: $(COMPAT_RAY:%=$(COMPAT)%/.setup-done) $(VLLM_NEXT)/.setup-done $(BARE)/.setup-done
+VLLM_WHEEL_PIN := $(REQ)/compat/vllm-wheel.txt
+VLLM_WHEEL_VERSION := $(shell sed -n 's/^vllm==//p' $(VLLM_WHEEL_PIN))
+# in the checkout, not under HOME: the test streams (tests/stream.sh) have a HOME and no
+# network of their own, so setup-compat downloads it, outside them
+WHEEL_CACHE ?= $(CURDIR)/.venvs/wheels
+VLLM_WHEEL_DIR := $(WHEEL_CACHE)/vllm-$(VLLM_WHEEL_VERSION)
+setup-compat: $(COMPAT_RAY:%=$(COMPAT)%/.setup-done) $(VLLM_NEXT)/.setup-done $(BARE)/.setup-done \
+	$(VLLM_WHEEL_DIR)/.done
 
 # kept (make would delete these intermediate stamps after a build; a later change of a
 # requirement file would then rebuild the stack)
@@ -248,12 +255,8 @@ test-compat: setup-compat test-wheel
 
 # The newest vLLM (requirements/compat/vllm-wheel.txt; CUDA only, it cannot run here) read
 # as a wheel: each touch point checked in its source, never installed (tests/helpers/
-# static_vllm.py). The wheel is downloaded once into a cache outside the checkout, renamed
-# into place whole; the test reads only the .py files it needs out of the zip.
-VLLM_WHEEL_PIN := $(REQ)/compat/vllm-wheel.txt
-VLLM_WHEEL_VERSION := $(shell sed -n 's/^vllm==//p' $(VLLM_WHEEL_PIN))
-WHEEL_CACHE ?= $(HOME)/.cache/ray_stream_llm/wheels
-VLLM_WHEEL_DIR := $(WHEEL_CACHE)/vllm-$(VLLM_WHEEL_VERSION)
+# static_vllm.py). setup-compat downloads the wheel once (WHEEL_CACHE), renamed into place
+# whole; the test reads only the .py files it needs out of the zip.
 $(VLLM_WHEEL_DIR)/.done: $(VLLM_WHEEL_PIN) | $(STAMP)
 	rm -rf $(VLLM_WHEEL_DIR) $(VLLM_WHEEL_DIR).part && mkdir -p $(VLLM_WHEEL_DIR).part
 	$(PIP) download -q --no-deps -r $(VLLM_WHEEL_PIN) -d $(VLLM_WHEEL_DIR).part
