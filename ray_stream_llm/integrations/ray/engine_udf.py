@@ -36,7 +36,7 @@ from ray_stream_llm.integrations.ray.udfs import SecretEnv, _prepare, local_meta
 from ray_stream_llm.integrations.vllm import checksums, compile_store, compile_target, cpu
 from ray_stream_llm.integrations.vllm.compile_cache import REPORT_DIR_ENV, collect, figures
 from ray_stream_llm.integrations.vllm.loader import streamer_settings
-from ray_stream_llm.integrations.vllm.plugin import RAY_COPY_ENV, require_plugin
+from ray_stream_llm.integrations.vllm.plugin import copy_to_ray_workers, require_plugin
 from ray_stream_llm.integrations.vllm.shm import (
     janitor_log,
     remove_orphaned_segments,
@@ -268,9 +268,7 @@ def _engine_env(name: str, value: str | None) -> None:
         os.environ.pop(name, None)
         return
     os.environ[name] = value
-    names = [n for n in os.environ.get(RAY_COPY_ENV, "").split(",") if n.strip()]
-    if name not in names:
-        os.environ[RAY_COPY_ENV] = ",".join([*names, name])
+    copy_to_ray_workers(name)
 
 
 def _target_cache_root() -> str:

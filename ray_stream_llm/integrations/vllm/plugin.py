@@ -80,7 +80,8 @@ def require_plugin(env: Mapping[str, str] | None = None) -> None:
 RAY_COPY_ENV = "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY"
 
 
-def _copy_to_ray_workers(name: str) -> None:
+def copy_to_ray_workers(name: str) -> None:
+    """Name ``name`` in this process's ``VLLM_RAY_EXTRA_ENV_VARS_TO_COPY`` (once)."""
     names = [n for n in os.environ.get(RAY_COPY_ENV, "").split(",") if n.strip()]
     if name not in names:
         os.environ[RAY_COPY_ENV] = ",".join([*names, name])
@@ -148,7 +149,7 @@ def register() -> None:
 
     compile_cache.install(directory)
     if directory:
-        _copy_to_ray_workers(REPORT_DIR_ENV)
+        copy_to_ray_workers(REPORT_DIR_ENV)
         _record_failures(directory)
     loader.register()
 
