@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ray_stream_llm.fetch import FetchReport
+    from ray_stream_llm.weights.marks import PullRecord
 
 GIB = 1 << 30
 
@@ -61,7 +62,9 @@ class LoadReport:
     weight_wait_seconds: float | None = None  # waiting for the node's pull, while streaming
     pull_hidden_seconds: float | None = None  # of the node's pull, before this engine streamed
     pull_bytes: int | None = None  # what the node's one pull read (from the store or a peer)
-    pull_source: str | None = None  # where it read: "store", or "peer <node id>" (weights/peers)
+    pull_source: str | None = (
+        None  # where it read: "store", or "peer <node id>" (integrations/ray/peers)
+    )
     ranks: list[dict[str, Any]] | None = None  # per streaming process (rank): bytes, seconds
     # vLLM's compile phase (integrations/vllm/compile_cache.py): seconds in vLLM's torch.compile
     # blocks (the slowest rank), and "hit" / "miss" / "load failed: <vLLM's reason>"
@@ -188,7 +191,7 @@ def build_report(
     node_ip: str,
     actor_settings: dict[str, str],
     weight_sharing: str = "off",
-    pull: dict[str, Any] | None = None,
+    pull: PullRecord | None = None,
     compile_seconds: float | None = None,
     compile_cache: str | None = None,
     weight_checksums: list[dict[str, Any]] | None = None,
@@ -201,7 +204,7 @@ def build_report(
     hidden = None
     if pull is not None and done:
         stream_start = min(float(s["started"]) for s in done)
-        hidden = max(0.0, min(float(pull["finished"]), stream_start) - float(pull["started"]))
+        hidden = max(0.0, min(pull.finished, stream_start) - pull.started)
     return LoadReport(
         model=model,
         streamed=streamed,
@@ -224,8 +227,8 @@ def build_report(
         weight_sharing=weight_sharing,
         weight_wait_seconds=waited,
         pull_hidden_seconds=hidden,
-        pull_bytes=int(pull["bytes"]) if pull is not None else None,
-        pull_source=pull.get("source") if pull is not None else None,
+        pull_bytes=pull.bytes if pull is not None else None,
+        pull_source=pull.read.source if pull is not None else None,
         ranks=rank_figures(done, sizes) if done else None,
         compile_seconds=compile_seconds,
         compile_cache=compile_cache,

@@ -35,11 +35,16 @@ from ray_stream_llm.files import locked, write_whole
 from ray_stream_llm.weights.marks import (
     CREATED,
     FAILED,
+    LOCK,
+    REFS,
     WARM_UNTIL,
+    PullRecord,
+    PullSource,
     done,
     keep_warm_s,
     marker,
     objects_of,
+    record_pull,
 )
 from ray_stream_llm.weights.pull import pull_free
 
@@ -64,7 +69,7 @@ def live_refs(region: Path, actor_alive: ActorAlive | None = None) -> list[Path]
     mark holds while its Ray runs; with ``actor_alive`` (the node's agent: its Ray's actor
     table), in a worker of the actor's own raylet, only while Ray has the actor alive."""
     live = []
-    for ref in (region / ".refs").glob("*"):
+    for ref in (region / REFS).glob("*"):
         if ref.name.startswith("."):
             continue  # a mark being written (files.write_whole's temporary name)
         if ref.name.startswith("actor-"):
@@ -95,18 +100,15 @@ def _actor_holds(ref: Path, actor_alive: ActorAlive | None) -> bool:
     return actor_alive(ref.name.removeprefix("actor-"))
 
 
-def add_ref(region: Path) -> Path:
-    """This holder's mark in ``region`` (under :func:`region_lock`), written whole: in a Ray
-    actor ``actor-<id>`` holding its raylet's (its parent's) pid and start time, else
-    ``<pid>-<start time>`` (the driver, a task, no Ray)."""
-    import ray
-
-    actor = ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
+def add_ref(region: Path, actor: str | None = None) -> Path:
+    """A holder's mark in ``region`` (under :func:`region_lock`), written whole: for the Ray
+    actor ``actor``, ``actor-<id>`` holding its raylet's (its parent's) pid and start time;
+    else this process's ``<pid>-<start time>`` (the driver, a task, no Ray)."""
     if actor is None:
-        ref = region / ".refs" / f"{os.getpid()}-{_proc_start(os.getpid())}"
+        ref = region / REFS / f"{os.getpid()}-{_proc_start(os.getpid())}"
         ref.touch()
     else:
-        ref = region / ".refs" / f"actor-{actor}"
+        ref = region / REFS / f"actor-{actor}"
         write_whole(ref, f"{os.getppid()} {_proc_start(os.getppid())}\n")
     return ref
 
@@ -127,9 +129,9 @@ def _idle(region: Path, actor_alive: ActorAlive | None = None) -> bool:
 def region_lock(region: Path) -> Iterator[None]:
     """The region's lock, on the region that exists now (re-made if its keeper removed it)."""
     while True:
-        (region / ".refs").mkdir(parents=True, exist_ok=True)
+        (region / REFS).mkdir(parents=True, exist_ok=True)
         try:
-            held = locked(region / ".lock")
+            held = locked(region / LOCK)
         except FileNotFoundError:  # the region went while this process waited
             continue
         with held:
@@ -186,8 +188,7 @@ def reuse_warm(region: Path, keep_s: float) -> None:
     ``pull_bytes: 0``), and it is kept after this job for ``keep_s``, this job's
     ``keep_warm_s``."""
     now = time.time()
-    record = {"started": now, "finished": now, "bytes": 0, "source": "kept warm"}
-    write_whole(region / ".pull.json", json.dumps({**record, "pid": os.getpid()}))
+    record_pull(region, PullRecord(now, now, 0, os.getpid(), PullSource("kept warm")))
     write_whole(region / CREATED, json.dumps({**marker(region), "keep_warm_s": keep_s}))
 
 
@@ -199,7 +200,7 @@ def sweep_regions(base: Path, *, keep: Path | None = None, warm_too: bool = Fals
     The regions removed. Each is checked under its own lock, as its keeper would."""
     removed = []
     for region in sorted(base.glob("*/*")):
-        if region == keep or not (region / ".lock").is_file():
+        if region == keep or not (region / LOCK).is_file():
             continue
         with region_lock(region):
             if not _idle(region):

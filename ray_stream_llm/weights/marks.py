@@ -1,9 +1,10 @@
 """The marks in a node's region (``weights/region.py``) that its pull writes and its readers
-(engines on the node, peers on other nodes: ``weights/peers.py``) go by, and the region's
+(engines on the node, peers on other nodes: ``integrations/ray/peers.py``) go by, and the region's
 marker (:data:`CREATED`: what the region was made for) as they read it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,12 @@ FAILED = ".failed"  # the pull failed: the typed error (class and message), for 
 PARTIAL = ".partial"  # the files still being written, renamed to the region once whole
 DIGESTS = ".sha256"  # each whole file's sha256, recorded before its rename (peers check it)
 WARM_UNTIL = ".warm_until"  # a region kept for a later job: the time it may be removed
+PROGRESS = ".progress"  # per file being written: the bytes from its start with no gap
+PULL_RECORD = ".pull.json"  # the finished pull: when, how many bytes, from where
+PEER_RECORD = ".peer.json"  # where this node's pull reads from (a peer node, or the store)
+PULL_LOCK = ".pull.lock"  # held by the one process pulling into the region
+LOCK = ".lock"  # the region's lock (weights/lifetime.py)
+REFS = ".refs"  # one file per holder (weights/lifetime.py)
 
 
 def partial(region: Path, name: str) -> Path:
@@ -32,13 +39,13 @@ def done(region: Path, name: str) -> bool:
 def progress(region: Path, name: str) -> int:
     """Bytes of ``name`` in ``region`` from its start with no gap (what a peer may serve)."""
     try:
-        return int((region / ".progress" / name).read_text() or 0)
+        return int((region / PROGRESS / name).read_text() or 0)
     except (OSError, ValueError):
         return 0
 
 
 def record_progress(region: Path, name: str, nbytes: int) -> None:
-    folder = region / ".progress"
+    folder = region / PROGRESS
     folder.mkdir(exist_ok=True)
     write_whole(folder / name, str(nbytes))
 
@@ -126,3 +133,61 @@ def keep_warm_s(region: Path) -> float:
 def fanout(region: Path) -> int:
     """The nodes a node serves at once (``weight_peers``); 0: each reads the store."""
     return int(_setting(region, "peers") or 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class PullSource:
+    """Where a node's pull read: ``source`` is ``"store"``, ``"peer <node id>"`` or
+    ``"kept warm"``; the bytes from each, the peers given up on the way."""
+
+    source: str = "store"
+    peer_bytes: int = 0
+    store_bytes: int = 0
+    peers_lost: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class PullRecord:
+    """The pull that filled a region (:data:`PULL_RECORD`, and with ``finished`` 0 while it
+    reads: :data:`PEER_RECORD`): when, how many bytes, from where, by which process."""
+
+    started: float
+    finished: float
+    bytes: int
+    pid: int
+    read: PullSource = PullSource()
+
+    def to_json(self) -> str:
+        fields = dataclasses.asdict(self)
+        return json.dumps({**fields.pop("read"), **fields})
+
+    @classmethod
+    def from_json(cls, text: str) -> PullRecord:
+        """Raises ``ValueError`` where ``text`` is not such a record."""
+        try:
+            data = json.loads(text)
+            read = PullSource(
+                str(data.get("source", "store")),
+                int(data.get("peer_bytes", 0)),
+                int(data.get("store_bytes", 0)),
+                tuple(data.get("peers_lost", ())),
+            )
+            return cls(
+                float(data["started"]), float(data["finished"]), int(data["bytes"]),
+                int(data.get("pid", 0)), read,
+            )  # fmt: skip
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a pull record: {text[:200]!r}") from exc
+
+
+def pull_record(region: str | Path) -> PullRecord | None:
+    """The record of the pull that filled ``region``; None before it is written (the pull
+    writes it just after its last file is whole) or where it cannot be read."""
+    try:
+        return PullRecord.from_json((Path(region) / PULL_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def record_pull(region: Path, record: PullRecord) -> None:
+    write_whole(region / PULL_RECORD, record.to_json())

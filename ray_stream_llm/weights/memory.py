@@ -396,19 +396,15 @@ def available_for_engine(base: Path) -> tuple[int, str]:
 # The streamer's CPU buffer
 
 
-def actor_memory_budget(levels: list[CgroupLevel] | None = None) -> tuple[int, str, bool] | None:
-    """The memory this actor may use: Ray's ``memory`` resource assigned to it (per actor),
-    else the tightest cgroup limit (shared by every engine under it); None when neither
-    bounds it. Returns (bytes, where from, whether shared by the node's engines)."""
-    try:
-        import ray
-
-        if ray.is_initialized():
-            assigned = ray.get_runtime_context().get_assigned_resources().get("memory")
-            if assigned:
-                return int(assigned), "Ray's memory resource of the actor", False
-    except Exception:  # not in a Ray worker
-        logger.debug("no Ray memory resource", exc_info=True)
+def actor_memory_budget(
+    levels: list[CgroupLevel] | None = None, assigned: int | None = None
+) -> tuple[int, str, bool] | None:
+    """The memory this actor may use: ``assigned``, Ray's ``memory`` resource of the actor
+    (``integrations.ray.node.assigned_memory``), else the tightest cgroup limit (shared by
+    every engine under it); None when neither bounds it. Returns (bytes, where from,
+    whether shared by the node's engines)."""
+    if assigned:
+        return assigned, "Ray's memory resource of the actor", False
     levels = cgroup_levels() if levels is None else levels
     limited = [lv for lv in levels if lv.limit is not None]
     if not limited:
@@ -477,10 +473,12 @@ def streamer_memory_limit(
     cpu_build: bool = False,
     levels: list[CgroupLevel] | None = None,
     environ: dict[str, str] | None = None,
+    assigned: int | None = None,
 ) -> int | None:
     """In the engine actor, before vLLM starts: when the user set no streamer
     ``memory_limit`` (``model_loader_extra_config`` or RUNAI_STREAMER_MEMORY_LIMIT), one
-    derived from the actor's memory (:func:`actor_memory_budget`; a cgroup limit is
+    derived from the actor's memory (:func:`actor_memory_budget` of ``assigned``, Ray's
+    memory resource of the actor; a cgroup limit is
     divided among ``engines_per_node``) as the streamer will apply it to the engine's
     ranks (:func:`streamer_ranks`, :func:`derive_streamer_limit`), written to
     RUNAI_STREAMER_MEMORY_LIMIT of ``environ`` (the actor's environment, which the
@@ -491,7 +489,7 @@ def streamer_memory_limit(
     chosen = isinstance(extra, dict) and extra.get("memory_limit") is not None
     if chosen or STREAMER_LIMIT_ENV in os.environ or env.get(STREAMER_LIMIT_ENV):
         return None
-    budget = actor_memory_budget(levels)
+    budget = actor_memory_budget(levels, assigned)
     if budget is None:
         return None
     amount, source, shared = budget
@@ -513,22 +511,3 @@ def streamer_memory_limit(
         engines,
     )
     return limit
-
-
-def engines_per_node(engine_resources: dict[str, float], most: int | None = None) -> int:
-    """How many engines of ``engine_resources`` this Ray node can hold (at most ``most``),
-    1 outside Ray or when unknown."""
-    wanted = {k: v for k, v in engine_resources.items() if v}
-    try:
-        import ray
-
-        if not wanted or not ray.is_initialized():
-            return 1
-        node = ray.get_runtime_context().get_node_id()
-        [info] = [n for n in ray.nodes() if n.get("NodeID") == node]
-        have = info.get("Resources", {})
-        fit = min(int(have.get(k, 0) // v) for k, v in wanted.items())
-    except Exception:
-        return 1
-    fit = max(1, fit)
-    return min(fit, most) if most else fit

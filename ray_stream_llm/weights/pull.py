@@ -1,16 +1,16 @@
 """The node's one pull of the weights into its region, and how its waiters learn its end.
 
-In a Ray job the node's agent pulls (:func:`pull_with`, asked by the node's stage actors
-and engines with their store settings by value: ``integrations/ray/agent.py``); elsewhere
-the process that holds the region does (:func:`start_pull`). The puller takes
-``.pull.lock`` and reads each object from the store (or from a peer node's region:
-:mod:`ray_stream_llm.weights.peers`) with parallel ranged GETs, file by file, writing the
-ranges into ``.partial/<name>``; once every byte is in and its size (and MD5, where the ETag
-is one) checked, the file is renamed to ``<name>``, so no reader ever sees a file under its
+In a Ray job the node's agent pulls (:func:`pull_with`, asked by the node's stage actors and
+engines with their store settings by value: ``integrations/ray/agent.py``); elsewhere the
+process that holds the region does (:func:`start_pull`). The puller takes ``.pull.lock`` and
+reads each object from the store (or from a peer node's region: the ``peers`` handed in,
+``integrations/ray/peers.py``) with parallel ranged GETs, file by file, writing the ranges
+into ``.partial/<name>``; once every byte is in and its size (and MD5, where the ETag is
+one) checked, the file is renamed to ``<name>``, so no reader ever sees a file under its
 name that is still being written. A pull that fails writes ``.failed`` (the error's class
-and message), which fails every waiting engine with that typed error (:func:`pull_error`).
-A puller that dies releases its lock, and the region's holders, which ask for the pull
-again while it fills (``weights.region.NodeWeights.tend``), have it taken up again (by the
+and message), which fails every waiting engine with that typed error (:func:`pull_error`). A
+puller that dies releases its lock, and the region's holders, which ask for the pull again
+while it fills (``weights.region.NodeWeights.tend``), have it taken up again (by the
 restarted agent), each partial file resumed from its recorded prefix; the engines' vLLM
 processes only wait. The lock is :func:`ray_stream_llm.files.try_locked` (its limits are
 stated there): it says that a pull runs, for whoever would retire the region.
@@ -23,7 +23,6 @@ import concurrent.futures
 import contextlib
 import hashlib
 import itertools
-import json
 import logging
 import os
 import sys
@@ -31,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ray_stream_llm import errors
 from ray_stream_llm.errors import (
@@ -46,7 +45,10 @@ from ray_stream_llm.uri import ModelURI, parse_model_uri
 from ray_stream_llm.weights import memory
 from ray_stream_llm.weights.marks import (
     FAILED,
+    PULL_LOCK,
     UNSHARED,
+    PullRecord,
+    PullSource,
     budget,
     done,
     failure,
@@ -56,9 +58,11 @@ from ray_stream_llm.weights.marks import (
     objects_of,
     partial,
     progress,
+    pull_record,
     record_digest,
     record_failure,
     record_progress,
+    record_pull,
     required,
 )
 
@@ -84,7 +88,7 @@ def pull_timeout(weight_bytes: int, store_timeout_s: float | None = None) -> flo
 def pull_free(region: Path) -> bool:
     """Whether no process is pulling into ``region`` (its pull lock is free)."""
     try:
-        held = try_locked(region / ".pull.lock")
+        held = try_locked(region / PULL_LOCK)
     except OSError:
         return True
     if held is None:
@@ -98,32 +102,37 @@ def start_pull(
     uri: ModelURI,
     objects: tuple[ObjectInfo, ...],
     env: Mapping[str, str] | None = None,
+    peers: Peers | None = None,
 ) -> threading.Thread | None:
     """Claim the pull of what is missing of ``region`` now (its lock taken, an earlier
     attempt's failure mark cleared: a waiter that starts after this returns never sees it)
     and run it in a thread, started and returned; None where all is there or another thread
     or process pulls. ``env``: the store variables the store's clients are made under
-    (``stores.settings.applied``; None: this process's own). A whole region serves the
+    (``stores.settings.applied``; None: this process's own). ``peers``: the node's peers,
+    where the region's marker asks for them (none: the store). A whole region serves the
     nodes that join later (kept warm from an earlier Ray session, its peer actors gone with
-    that session: :func:`peers.serve`)."""
+    that session: ``peers.serve``)."""
     if all(done(region, o.path) for o in objects):
-        if peers_served := fanout(region):
-            from ray_stream_llm.weights import peers
-
+        if peers is not None and (peers_served := fanout(region)):
             peers.serve(region, peers_served)
         return None
-    held = try_locked(region / ".pull.lock")
+    held = try_locked(region / PULL_LOCK)
     if held is None:
         return None
     (region / FAILED).unlink(missing_ok=True)  # a new attempt
     thread = threading.Thread(
-        target=_pull, args=(region, uri, objects, held, env), daemon=True, name="rsl-pull"
+        target=_pull,
+        args=(region, uri, objects, held, env, peers),
+        daemon=True,
+        name="rsl-pull",
     )
     thread.start()
     return thread
 
 
-def pull_with(region: Path, env: Mapping[str, str]) -> threading.Thread | None:
+def pull_with(
+    region: Path, env: Mapping[str, str], peers: Peers | None = None
+) -> threading.Thread | None:
     """In the node's agent: :func:`start_pull` of ``region`` pinned to the objects its
     marker names, the store's clients made under ``env``, the store variables of the actor
     that asked; None also where the region is gone."""
@@ -131,7 +140,7 @@ def pull_with(region: Path, env: Mapping[str, str]) -> threading.Thread | None:
         uri, objects = parse_model_uri(marker(region)["uri"]), objects_of(region)
     except (OSError, ValueError, KeyError, TypeError):  # removed meanwhile
         return None
-    return start_pull(region, uri, objects, env)
+    return start_pull(region, uri, objects, env, peers)
 
 
 def _md5_of(etag: str) -> str | None:
@@ -141,6 +150,36 @@ def _md5_of(etag: str) -> str | None:
 
 
 Read = Callable[[str, int, int], bytes]  # (object path, first byte, last byte) -> bytes
+
+
+class PeerReads(Protocol):
+    """A node's reads of its region's files from a peer node (or the store, where it has
+    none), as :class:`Peers` joins them."""
+
+    def __call__(self, name: str, start: int, end: int) -> bytes: ...
+
+    def digest(self, name: str) -> tuple[str, str] | None:
+        """The sha256 of ``name`` as the serving peer recorded it, and that peer; None
+        where this node reads the store."""
+        ...
+
+    def status(self) -> PullSource:
+        """Where it read from, and how many bytes from each (for the pull's record)."""
+        ...
+
+
+class Peers(Protocol):
+    """The node's peers (``integrations/ray/peers.py``): regions served to other nodes and
+    filled from them."""
+
+    def join(self, region: Path, store_read: Read, fanout: int) -> PeerReads | None:
+        """The reads to pull ``region`` with, this node serving it meanwhile; None: the
+        store."""
+        ...
+
+    def serve(self, region: Path, fanout: int) -> None:
+        """Serve the whole ``region`` to the nodes that join later."""
+        ...
 
 
 def _pull_file(
@@ -237,6 +276,7 @@ def _pull(
     objects: tuple[ObjectInfo, ...],
     lock: HeldLock,
     env: Mapping[str, str] | None = None,
+    peers: Peers | None = None,
 ) -> None:
     from ray_stream_llm import stores
     from ray_stream_llm.stores.settings import applied
@@ -293,30 +333,24 @@ def _pull(
             return stores.read(client, uri, name, deadline, first, last, etag=etags[name])
 
         peer = None
-        if missing and (peers_served := fanout(region)):
-            from ray_stream_llm.weights import peers
-
+        if missing and peers is not None and (peers_served := fanout(region)):
             peer = peers.join(region, store_read, peers_served)
         read: Read = peer or store_read
         expected = peer.digest if peer else None
         with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
             for obj in missing:  # file by file, its ranges in parallel
                 pulled += _pull_file(uri, obj, region, read, pool, expected)
-        status: dict[str, Any] = {
-            "started": started,
-            "finished": time.time(),
-            "bytes": pulled,
-            "pid": os.getpid(),
-        }
-        status.update(peer.status() if peer else {"source": "store"})
-        write_whole(region / ".pull.json", json.dumps(status))
+        status = PullRecord(
+            started, time.time(), pulled, os.getpid(), peer.status() if peer else PullSource()
+        )
+        record_pull(region, status)
         logger.info(
             "Pulled %d bytes of %s into %s in %.2fs from %s (shared by this node's engines)",
             pulled,
             uri,
             region,
             time.time() - started,
-            status["source"],
+            status.read.source,
         )
     except Exception as exc:  # every waiting engine fails with it
         if _exiting(exc):  # this process is going away, not the store: a holder asks again
@@ -376,23 +410,14 @@ def pull_error(region: str | Path) -> Exception | None:
     return RuntimeError(f"the shared pull of the weights failed: {message}")
 
 
-def pull_status(region: str | Path) -> dict[str, Any] | None:
-    """The record of the pull that filled ``region`` (``.pull.json``), None before it is
-    written: the pull writes it just after its last file is whole."""
-    try:
-        status: dict[str, Any] = json.loads((Path(region) / ".pull.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return status
-
-
-def finished_pull(region: str | Path, timeout: float = 30.0) -> dict[str, Any] | None:
-    """:func:`pull_status` once the pull has ended: a reader that saw the last file whole
-    can come before the record; it waits while the pull still holds its lock (up to
-    ``timeout`` s). None where no pull ended with a record (it failed, or never ran)."""
+def finished_pull(region: str | Path, timeout: float = 30.0) -> PullRecord | None:
+    """The pull's record (``marks.pull_record``) once the pull has ended: a reader that saw
+    the last file whole can come before the record; it waits while the pull still holds its
+    lock (up to ``timeout`` s). None where no pull ended with a record (it failed, or never
+    ran)."""
     deadline = time.monotonic() + timeout
-    while (status := pull_status(region)) is None and time.monotonic() < deadline:
+    while (status := pull_record(region)) is None and time.monotonic() < deadline:
         if pull_free(Path(region)):
-            return pull_status(region)  # ended meanwhile, or no pull holds it
+            return pull_record(region)  # ended meanwhile, or no pull holds it
         time.sleep(0.05)
     return status

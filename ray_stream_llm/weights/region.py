@@ -28,7 +28,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 from ray_stream_llm.errors import InvalidSettingError, WeightSharingError
 from ray_stream_llm.stores import ObjectInfo, StoreDeadline
@@ -49,6 +49,7 @@ from ray_stream_llm.weights.marks import (
     FAILED,
     UNSHARED,
     WARM_UNTIL,
+    PullRecord,
     done,
 )
 from ray_stream_llm.weights.pull import (
@@ -79,7 +80,9 @@ class Sharing:
     engine_resources: dict[str, float] = dataclasses.field(default_factory=dict)
     pull_timeout_s: float | None = None  # the store's budget per call (None: the default)
     keep_warm_s: float = 0.0  # how long a complete region outlives its last engine
-    peers: int = 0  # nodes a node serves at once (weights/peers.py); 0: each reads the store
+    peers: int = (
+        0  # nodes a node serves at once (integrations/ray/peers.py); 0: each reads the store
+    )
     # engines whose KV cache still comes out of the node's memory (vLLM's CPU build: one)
     kv_cache_engines: int = 0
 
@@ -90,53 +93,29 @@ class Sharing:
                 "(the builder makes it from weight_sharing: 'node' or 'auto' share, 'off' not)"
             )
 
-    def node_can_host_an_engine(self) -> bool:
-        """Whether this node has the resources one engine asks for (a CPU-only node of a
-        GPU cluster does not: its stage actors must not pull weights there)."""
-        wanted = {k: v for k, v in self.engine_resources.items() if v}
-        if not wanted:
-            return True
-        import ray
 
-        if not ray.is_initialized():
-            return True  # not in Ray (a test, a tool): one node, it hosts the engines
-        try:
-            node = ray.get_runtime_context().get_node_id()
-            [info] = [n for n in ray.nodes() if n.get("NodeID") == node]
-            have = info.get("Resources", {})
-        except Exception as exc:  # in a Ray worker: unknown means "do not pull here"
-            logger.warning(
-                "Not pulling the shared weights on this node: its resources could not be "
-                "read (%s: %s); the engines pull on their own nodes",
-                type(exc).__name__,
-                exc,
-            )
-            return False
-        missing = {k: v for k, v in wanted.items() if have.get(k, 0) < v}
-        if missing:
-            logger.info(
-                "Not pulling the shared weights on this node: an engine asks for %s, the "
-                "node has %s",
-                missing,
-                {k: have.get(k, 0) for k in missing},
-            )
-        return not missing
+@dataclasses.dataclass(frozen=True)
+class Holder:
+    """Who holds a region, as its runtime names it: the node (regions are per node), the Ray
+    actor (None: this process), the region's keeper (removes it once no one holds it) and
+    its puller (pulls what is missing). Outside Ray: one node, ``local``; this process keeps
+    and pulls, in threads. In a Ray worker: ``integrations.ray.node.holder()``."""
+
+    node: str = "local"
+    actor: str | None = None
+    keeper: Callable[[Path], None] | None = None
+    puller: Callable[[Path], None] | None = None
 
 
-def _node_id() -> str:
-    import ray
-
-    if not ray.is_initialized():  # not in a Ray process (a test, a tool): never start Ray
-        return "local"
-    return str(ray.get_runtime_context().get_node_id())[:16]
-
-
-def region_for(uri: ModelURI, objects: tuple[ObjectInfo, ...], base: str) -> Path:
+def region_for(
+    uri: ModelURI, objects: tuple[ObjectInfo, ...], base: str, node: str = "local"
+) -> Path:
+    """The region of ``objects`` of ``uri`` on ``node`` under ``base``."""
     fingerprint = json.dumps(
         [str(uri), sorted((o.path, o.size, o.etag) for o in objects)], sort_keys=True
     )
     key = hashlib.sha256(fingerprint.encode()).hexdigest()[:16]
-    return Path(base) / _node_id() / key
+    return Path(base) / node / key
 
 
 def is_memory_backed(path: Path) -> bool:
@@ -163,25 +142,25 @@ TEND_S = 1.0  # how often a holder asks its puller again while its region fills
 class NodeWeights:
     """A process's use of one region: :meth:`acquire` it, :meth:`release` it. Its
     ``keeper`` keeps the region until no one holds it, its ``puller`` pulls what is missing
-    (in a Ray worker both are the node's agent: ``integrations/ray/agent.py``); by default
-    this process, in threads. While it holds an incomplete region it asks its puller again
-    each :data:`TEND_S` (:meth:`tend`): a puller asked while it pulls does nothing, and one
-    that died (the node's agent, killed and restarted by Ray) takes the pull up again."""
+    (its :class:`Holder`'s; by default this process, in threads). While it holds an
+    incomplete region it asks its puller again each :data:`TEND_S` (:meth:`tend`): a puller
+    asked while it pulls does nothing, and one that died (the node's agent, killed and
+    restarted by Ray) takes the pull up again."""
 
     def __init__(
         self,
         uri: ModelURI,
         objects: tuple[ObjectInfo, ...],
         sharing: Sharing,
-        keeper: Callable[[Path], None] | None = None,
-        puller: Callable[[Path], None] | None = None,
+        holder: Holder | None = None,
     ):
         self.uri = uri
-        self.keeper = keeper or reap_in_thread  # removes the region once no one holds it
+        self.holder = holder or Holder()
+        self.keeper = self.holder.keeper or reap_in_thread  # removes it once no one holds it
         self.objects = objects
-        self.puller = puller or (lambda region: start_pull(region, uri, objects))
+        self.puller = self.holder.puller or (lambda region: start_pull(region, uri, objects))
         self.sharing = sharing
-        self.region = region_for(uri, objects, sharing.base)
+        self.region = region_for(uri, objects, sharing.base, self.holder.node)
         self.reason: str | None = None  # why the weights are not shared here, if they are not
         self._ref: Path | None = None
         self._tending: threading.Thread | None = None
@@ -228,7 +207,7 @@ class NodeWeights:
             elif adopted or (self.region / WARM_UNTIL).exists():
                 reuse_warm(self.region, self.sharing.keep_warm_s)
             (self.region / WARM_UNTIL).unlink(missing_ok=True)  # in use again
-            self._ref = add_ref(self.region)
+            self._ref = add_ref(self.region, self.holder.actor)
         self.keeper(self.region)  # every holder asks: the keeper takes a region once
         self.tend()  # and one pull runs at a time (pull.py)
         return str(self.region)
@@ -339,7 +318,7 @@ class RegionWeights:
     def sizes(self) -> dict[str, int]:
         return {os.path.join(self.region, o.path): o.size for o in self.fetched.weight_objects}
 
-    def pull(self) -> dict[str, Any] | None:
+    def pull(self) -> PullRecord | None:
         return finished_pull(self.region)  # its record follows the last file by moments
 
     def release(self) -> None:

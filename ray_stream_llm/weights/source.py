@@ -12,7 +12,7 @@ its own module:
 - :class:`~ray_stream_llm.weights.region.RegionWeights`: the node's one pull into its
   shared region (``/dev/shm``), read by every engine of the node, which gives itself up for
   the store when the pull does (``weight_sharing='auto'``). The pull reads the store or a
-  peer node's region (``weights/peers.py``), and a region kept warm by an earlier job is
+  peer node's region (``integrations/ray/peers.py``), and a region kept warm by an earlier job is
   the same source.
 
 A new source is one more class with these members.
@@ -21,13 +21,12 @@ A new source is one more class with these members.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from ray_stream_llm.fetch import FetchReport
 from ray_stream_llm.uri import ModelURI
-from ray_stream_llm.weights.region import NodeWeights, RegionWeights, Sharing
+from ray_stream_llm.weights.marks import PullRecord
+from ray_stream_llm.weights.region import Holder, NodeWeights, RegionWeights, Sharing
 from ray_stream_llm.weights.store import StoreWeights
 
 logger = logging.getLogger(__name__)
@@ -58,7 +57,7 @@ class WeightSource(Protocol):
         """Each file the engine may stream (as vLLM names it) and its size in the store."""
         ...
 
-    def pull(self) -> dict[str, Any] | None:
+    def pull(self) -> PullRecord | None:
         """The status of what fills the source for the load report (None: nothing does)."""
         ...
 
@@ -71,16 +70,15 @@ def acquire(
     uri: ModelURI,
     fetched: FetchReport,
     sharing: Sharing | None,
-    keeper: Callable[[Path], None] | None = None,
-    puller: Callable[[Path], None] | None = None,
+    holder: Holder | None = None,
 ) -> WeightSource:
     """The engine's source under the driver's decision: the node's region where it shares
-    and the region can be had (kept by ``keeper``, filled by ``puller``:
-    :class:`NodeWeights`), else the store (the report says why). Raises
-    ``WeightSharingError`` where sharing was required (``'node'``) and cannot be had."""
+    and the region can be had (held as ``holder``: :class:`NodeWeights`), else the store
+    (the report says why). Raises ``WeightSharingError`` where sharing was required
+    (``'node'``) and cannot be had."""
     if sharing is None or sharing.mode != "node":
         return StoreWeights(uri, fetched)
-    node = NodeWeights(uri, fetched.weight_objects, sharing, keeper, puller)
+    node = NodeWeights(uri, fetched.weight_objects, sharing, holder)
     try:
         region = node.acquire()
     except BaseException:

@@ -3,10 +3,9 @@ the model's URI (a :class:`~ray_stream_llm.weights.source.WeightSource`)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from ray_stream_llm.fetch import FetchReport
 from ray_stream_llm.uri import ModelURI
+from ray_stream_llm.weights.marks import PullRecord
 
 
 class StoreWeights:
@@ -25,7 +24,7 @@ class StoreWeights:
     def sizes(self) -> dict[str, int]:
         return dict(self.fetched.streamable)
 
-    def pull(self) -> dict[str, Any] | None:
+    def pull(self) -> PullRecord | None:
         return None
 
     def release(self) -> None:

@@ -1,5 +1,5 @@
 """A job on three Ray nodes whose regions fill from each other over Ray (issue 22,
-weights/peers.py), the store behind a slow link: the store read once for the cluster, and
+integrations/ray/peers.py), the store behind a slow link: the store read once for the cluster, and
 a peer killed mid-copy replaced. The peers without an engine:
 tests/integration/test_peers.py."""
 
@@ -15,8 +15,9 @@ import pytest
 from helpers.s3log import copy_model, prefix_of
 
 from ray_stream_llm.fetch import fetch_metadata_report
+from ray_stream_llm.integrations.ray import peers
 from ray_stream_llm.tools.link import Link
-from ray_stream_llm.weights import marks, peers, pull
+from ray_stream_llm.weights import marks, pull
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 

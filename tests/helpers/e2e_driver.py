@@ -150,7 +150,7 @@ def main() -> None:
 
 
 def _peer_actors_after_the_job(timeout: float = 120.0) -> list:
-    """The peers' actors (weights/peers.py; not the node agents) still alive ``timeout`` s
+    """The peers' actors (integrations/ray/peers.py; not the node agents) still alive ``timeout`` s
     after the job: they end themselves once the nodes' regions are gone, which is after the
     engines' processes have exited and the node agents, their keepers, have seen it (CI's run
     of stop 38 saw two actors still alive 30 s after a three-node job on its two loaded

@@ -51,13 +51,14 @@ def local_ray(work, monkeypatch):
 # monitor does, and reports when the leftovers were gone and when the idle agent ended.
 # An engine actor, for the drivers below: a child that maps the segment, watched by the agent.
 _ENGINE = textwrap.dedent("""
-    import json, os, signal, subprocess, sys, time
+    import dataclasses, json, os, signal, subprocess, sys, time
     import psutil, ray
 
     @ray.remote(num_cpus=0)
     class Engine:
         def start(self, name, dirs, base):
-            from ray_stream_llm.integrations.ray.agent import keep_region, watch_engine
+            from ray_stream_llm.integrations.ray import node
+            from ray_stream_llm.integrations.ray.agent import watch_engine
             from ray_stream_llm.integrations.vllm.shm import janitor_log
             from ray_stream_llm.uri import parse_model_uri
             from ray_stream_llm.weights.region import NodeWeights, Sharing
@@ -70,7 +71,8 @@ _ENGINE = textwrap.dedent("""
             # a region of the node's shared weights (of no object: nothing to pull), held by
             # this actor and handed to the agent, as an engine's is
             self.weights = NodeWeights(parse_model_uri("s3://models/agent"), (),
-                                       Sharing("node", base=base), keep_region)
+                                       Sharing("node", base=base),
+                                       dataclasses.replace(node.holder(), puller=None))
             return os.getpid(), self.kid.pid, log, self.weights.acquire()
 
     def agents():
@@ -309,26 +311,36 @@ def test_a_new_agent_finishes_what_a_killed_one_left(local_ray, tmp_path):
 _SCRIPT = _driver("""
     from ray_stream_llm.integrations.ray.agent import finish_at_exit_of_this_process
 
-    name, explicit, temp, base = sys.argv[1], sys.argv[2] == "explicit", *sys.argv[3:5]
-    finish_at_exit_of_this_process()  # what the processor's build does on the driver
+    name, ending, temp, base = sys.argv[1:5]
+    finish_at_exit_of_this_process()  # what the processor's build does, before Ray runs
     ray.init(num_cpus=1, include_dashboard=False, _temp_dir=temp)
     from ray_stream_llm.integrations.ray.agent import state_dir
 
     actor, kid, _, region = ray.get(Engine.remote().start.remote(name, [], base))
     record, = state_dir().glob(f"{actor}-*.json")  # as the engine's start returned
     print(json.dumps([actor, kid, json.loads(record.read_text())["seen"], region]), flush=True)
-    if explicit:
+    if ending != "implicit":
         ray.shutdown()  # the user's own, before the script ends
+    if ending == "goes-on":  # a notebook: the driver runs on; what is left 5 s later
+        ended = time.monotonic()
+        while time.monotonic() - ended < 5.0 and (
+            os.path.exists("/dev/shm/" + name) or os.path.exists(region)
+        ):
+            time.sleep(0.05)
+        left = [p for p in ("/dev/shm/" + name, region) if os.path.exists(p)]
+        print("LEFT " + json.dumps([left, round(time.monotonic() - ended, 2)]), flush=True)
 """)
 
 
-@pytest.mark.parametrize("ending", ["explicit", "implicit"])
+@pytest.mark.parametrize("ending", ["explicit", "implicit", "goes-on"])
 def test_a_local_rays_end_leaves_no_segment_of_its_engines(work, ending):
     """A driver that started its own Ray: Ray's shutdown SIGKILLs the engines, their
     processes and the node's agent at once (measured: no SIGTERM reaches any of them). What
-    the engines' processes mapped is removed at the driver's exit, after Ray's shutdown,
-    whether the script called ``ray.shutdown()`` itself or left it to Ray's exit hook, at
-    once after the engine's start (what its processes map is in the agent's record by then)."""
+    the engines' processes mapped, and their region, are removed once that Ray's raylet has
+    exited, whether the script called ``ray.shutdown()`` itself or left it to Ray's exit
+    hook, at once after the engine's start (what its processes map is in the agent's record
+    by then); a driver that goes on running after ``ray.shutdown()`` (a notebook) has
+    nothing of them left 5 s later, before its exit."""
     import subprocess
 
     name = f"psm_rsl{uuid.uuid4().hex[:8]}exit"
@@ -348,6 +360,9 @@ def test_a_local_rays_end_leaves_no_segment_of_its_engines(work, ending):
         # may come before and after it)
         [line] = [x for x in done.stdout.splitlines() if x.startswith("[")]
         actor, kid, recorded, region = json.loads(line)
+        if ending == "goes-on":
+            [left] = [x for x in done.stdout.splitlines() if x.startswith("LEFT ")]
+            assert json.loads(left.removeprefix("LEFT "))[0] == [], left
         assert recorded == [name]  # in the record before the engine's start returned
         assert not Path(f"/dev/shm/{name}").exists()
         # the engine's region, which the agent kept: retired at the driver's exit
@@ -381,7 +396,7 @@ def _asker() -> Any:
 
         def ask(self, uri: str, base: str) -> str | None:
             from ray_stream_llm.fetch import fetch_metadata_report
-            from ray_stream_llm.integrations.ray.agent import keep_region, pull_region
+            from ray_stream_llm.integrations.ray import node
             from ray_stream_llm.uri import parse_model_uri
             from ray_stream_llm.weights.region import NodeWeights, Sharing
 
@@ -390,8 +405,7 @@ def _asker() -> Any:
                 parse_model_uri(uri),
                 report.weight_objects,
                 Sharing("node", base=base),
-                keep_region,
-                pull_region,
+                node.holder(),  # as the engines hold it: the node's agent keeps and pulls
             )
             return self.weights.acquire()
 
@@ -451,7 +465,7 @@ def test_the_agents_pull_outlives_its_own_kill_and_the_asker_with_the_askers_set
         assert at_asker_kill < sum(o.size for o in objects)  # both killed mid-pull
         for o in objects:
             assert (region / o.path).read_bytes() == (model.local / o.path).read_bytes()
-        assert again != first and finished_pull(region)["pid"] == again
+        assert again != first and finished_pull(region).pid == again
         ranges = {prefix_of(model.uri) + o.path: math.ceil(o.size / CHUNK) for o in objects}
         gets = log.gets(prefix_of(model.uri))
         gets = {k: v for k, v in gets.items() if k.endswith(".safetensors")}

@@ -98,13 +98,13 @@ def test_a_cpu_only_node_pulls_nothing(s3_server, s3_env, tiny_models, base, wor
         @ray.remote(num_cpus=0.1)
         class Stage:
             def __init__(self, uri, sharing, accel):
-                from ray_stream_llm.integrations.ray import udfs
+                from ray_stream_llm.integrations.ray import node, udfs
                 from ray_stream_llm.plan import Plan
                 from ray_stream_llm.uri import parse_model_uri
                 from ray_stream_llm.weights.reading import wait_for
 
-                self.can_host = sharing.node_can_host_an_engine()
-                self.accel_can_host = accel.node_can_host_an_engine()
+                self.can_host = node.can_host_an_engine(sharing.engine_resources)
+                self.accel_can_host = node.can_host_an_engine(accel.engine_resources)
                 plan = Plan(parse_model_uri(uri), sharing)
                 udfs._prepare(None, plan, uri)  # the stage actor's first step
                 self.regions = [str(w.region) for w in udfs._prefetched]
@@ -121,19 +121,23 @@ def test_a_cpu_only_node_pulls_nothing(s3_server, s3_env, tiny_models, base, wor
                 }
 
             def streamer(self, sharing):
+                from ray_stream_llm.integrations.ray import node
                 from ray_stream_llm.weights import memory
 
                 env: dict[str, str] = {}
-                engines = memory.engines_per_node(sharing.engine_resources, most=8)
-                limit = memory.streamer_memory_limit({}, engines, environ=env)
+                engines = node.engines_per_node(sharing.engine_resources, most=8)
+                assigned = node.assigned_memory()
+                limit = memory.streamer_memory_limit({}, engines, environ=env, assigned=assigned)
                 return engines, limit, env
 
             def unreadable(self, sharing):
                 def broken():
                     raise ConnectionError("GCS unreachable")
 
+                from ray_stream_llm.integrations.ray import node
+
                 ray.nodes = broken  # the resources cannot be read here
-                return sharing.node_can_host_an_engine()
+                return node.can_host_an_engine(sharing.engine_resources)
 
             def done(self):
                 from ray_stream_llm.integrations.ray import udfs

@@ -3,6 +3,7 @@ measured by its access log and the files in the memory-backed region."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import signal
@@ -103,7 +104,7 @@ def test_each_weight_source_gives_vllm_its_weights_and_lets_go(
         reading.wait_for(region, Path(path).name, timeout=120)
         assert Path(path).read_bytes() == (model.local / Path(path).name).read_bytes()
     assert shared.sizes() == {str(region / o.path): o.size for o in fetched.weight_objects}
-    assert shared.pull()["bytes"] == sum(o.size for o in fetched.weight_objects)
+    assert shared.pull().bytes == sum(o.size for o in fetched.weight_objects)
     shared.release()
     shared.release()  # idempotent
     _wait_gone(region)
@@ -134,7 +135,7 @@ def test_one_pull_each_range_once_and_files_equal(s3_server, s3_env, tiny_models
     assert {k: v for k, v in gets.items() if k.endswith(".safetensors")} == {
         prefix + o.path: math.ceil(o.size / pull.CHUNK) for o in objects
     }
-    assert pull.finished_pull(region)["bytes"] == sum(o.size for o in objects)
+    assert pull.finished_pull(region).bytes == sum(o.size for o in objects)
     # its keeper: outside Ray, a thread of the holding process (in Ray, the node's agent)
     assert "rsl-reap" in [t.name for t in threading.enumerate()]
     weights.release()  # the last reference: the region goes
@@ -247,7 +248,7 @@ def test_a_dead_pullers_region_is_pulled_on_by_its_other_holder(
     for obj in objects:  # the store directly now (the proxy is gone)
         wait_for(region, obj.path, timeout=120)
         assert (region / obj.path).read_bytes() == (model.local / obj.path).read_bytes()
-    assert pull.finished_pull(region)["pid"] == os.getpid()
+    assert pull.finished_pull(region).pid == os.getpid()
     reader.release()
     _wait_gone(region)
 
@@ -308,6 +309,7 @@ def test_two_ray_nodes_pull_once_each_and_clean_up(
         class User:
             def __init__(self, uri_text, base_dir):
                 from ray_stream_llm.fetch import fetch_metadata_report
+                from ray_stream_llm.integrations.ray import node
                 from ray_stream_llm.uri import parse_model_uri
                 from ray_stream_llm.weights.reading import wait_for
                 from ray_stream_llm.weights.region import NodeWeights, Sharing
@@ -317,6 +319,8 @@ def test_two_ray_nodes_pull_once_each_and_clean_up(
                     parse_model_uri(report.uri),
                     report.weight_objects,
                     Sharing("node", base=base_dir),
+                    # this node's, kept and pulled by this process (not the node's agent)
+                    dataclasses.replace(node.holder(), keeper=None, puller=None),
                 )
                 self.region = self.weights.acquire()
                 for o in report.weight_objects:

@@ -1,4 +1,4 @@
-"""A node's region filled from another node's over Ray (issue 22, weights/peers.py): three
+"""A node's region filled from another node's over Ray (integrations/ray/peers.py): three
 Ray nodes on this machine (``ray.cluster_utils.Cluster``), each with its own object store,
 so what one node serves another crosses Ray's object manager. The store sits behind a
 link of 1 MiB/s (a bucket's share), so the tree fills while its root still reads. Measured
@@ -6,6 +6,7 @@ by the store's access log, the regions' bytes and the pulls' own status."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -19,9 +20,10 @@ from helpers.waiting import wait_until
 
 from ray_stream_llm.errors import ObjectChangedError
 from ray_stream_llm.fetch import fetch_metadata_report
+from ray_stream_llm.integrations.ray import peers
 from ray_stream_llm.integrations.ray.agent import agent_name
 from ray_stream_llm.tools.link import Link
-from ray_stream_llm.weights import marks, peers, pull
+from ray_stream_llm.weights import marks, pull
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 
@@ -76,17 +78,22 @@ def _users(cluster, env, uri, base, nodes=NODES):
     class User:
         def __init__(self, uri_text, base_dir):
             from ray_stream_llm.fetch import fetch_metadata_report
-            from ray_stream_llm.integrations.ray.agent import keep_region
+            from ray_stream_llm.integrations.ray import node, peers
             from ray_stream_llm.uri import parse_model_uri
+            from ray_stream_llm.weights.pull import start_pull
             from ray_stream_llm.weights.region import NodeWeights, Sharing
 
             report = fetch_metadata_report(uri_text)
             self.objects = report.weight_objects
-            self.weights = NodeWeights(  # as a job's actors hold it: the node's agent keeps it
-                parse_model_uri(report.uri),
-                report.weight_objects,
-                Sharing("node", base=base_dir, peers=True),
-                keep_region,
+            uri = parse_model_uri(report.uri)
+            # as a job's actors hold it: the node's agent keeps it (and serves it); pulled
+            # here, so that a test may end the server alone
+            holder = dataclasses.replace(
+                node.holder(),
+                puller=lambda region: start_pull(region, uri, self.objects, peers=peers),
+            )
+            self.weights = NodeWeights(
+                uri, report.weight_objects, Sharing("node", base=base_dir, peers=True), holder
             )
             self.region = self.weights.acquire()
 
@@ -143,8 +150,8 @@ def _finish(users, regions):
 
 def _statuses(regions):
     """Each region's pull record: written just after its last file is whole (what the
-    users waited for), so read once the pull has ended."""
-    return {r: pull.finished_pull(r) for r in regions}
+    users waited for), so read once the pull has ended; in its file's JSON form."""
+    return {r: json.loads(pull.finished_pull(r).to_json()) for r in regions}
 
 
 def test_three_nodes_read_the_store_once_and_fill_from_each_other(

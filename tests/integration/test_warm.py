@@ -62,8 +62,8 @@ def test_the_next_job_streams_warm_weights_and_reads_no_weight_byte(
     assert _job(model.uri, objects, base, keep_warm_s=30) == region
     assert _weight_gets(log, model.uri) == {}  # the second job: no weight byte from the store
     # what its engines' reports say (pull_source, pull_bytes), and kept for ITS keep_warm_s
-    status = pull.pull_status(region)
-    assert status is not None and (status["source"], status["bytes"]) == ("kept warm", 0)
+    status = marks.pull_record(region)
+    assert status is not None and (status.read.source, status.bytes) == ("kept warm", 0)
     assert json.loads((region / marks.CREATED).read_text())["keep_warm_s"] == 30
     for obj in objects:
         assert (region / obj.path).read_bytes() == (model.local / obj.path).read_bytes()
@@ -108,8 +108,8 @@ def test_warm_weights_left_by_an_earlier_ray_session_are_adopted(
     assert _job(model.uri, objects, base, keep_warm_s=60) == region
     assert _weight_gets(log, model.uri) == {}
     assert not old.exists() and not old.parent.exists()
-    status = pull.pull_status(region)
-    assert status is not None and (status["source"], status["bytes"]) == ("kept warm", 0)
+    status = marks.pull_record(region)
+    assert status is not None and (status.read.source, status.bytes) == ("kept warm", 0)
 
 
 def test_a_region_not_kept_warm_goes_with_its_last_engine(s3_server, s3_env, tiny_models, base):

@@ -20,7 +20,7 @@ record of the agent) and hands it to the agent (:func:`keep_region`), which runs
 region's :func:`~ray_stream_llm.weights.lifetime.reap` in a thread: the region is removed
 once no live process has held it for 2 s, or, kept warm (``keep_warm_s``), once its time is
 up. An agent keeping a region does not end. It is also the region's server for the nodes
-that copy it (``weights/peers.py``: :meth:`NodeAgent.read`), until it removes it.
+that copy it (``integrations/ray/peers.py``: :meth:`NodeAgent.read`), until it removes it.
 
 What it watches is also kept in a file per engine on the node (:func:`state_dir`, written
 whole), for when the agent ends with its Ray. A local Ray (``ray.init()`` in the driver)
@@ -41,6 +41,7 @@ or keep for ``IDLE_S`` seconds the agent ends itself (and is not restarted).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -51,7 +52,7 @@ import threading
 import time
 from collections.abc import Collection, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ray_stream_llm.actors import actor_logging, agent_name, library_actor
 from ray_stream_llm.files import write_whole
@@ -62,17 +63,90 @@ IDLE_S = 10.0  # an agent with nothing to watch this long ends itself
 MAX_RESTARTS = 3  # an agent killed on its own is restarted; one that ends itself is not
 
 
+Raylet = tuple[int, float]  # a raylet's pid and start time: its Ray, while it runs
+
+
+def _this_raylet() -> Raylet:
+    """This worker's raylet (its parent): it ends with its Ray."""
+    import psutil
+
+    raylet = psutil.Process(os.getppid())
+    return raylet.pid, raylet.create_time()
+
+
+@dataclasses.dataclass
+class EngineRecord:
+    """What the agent watches of one engine actor (a file per engine, written whole, read
+    by the node's next agent or the driver's exit): the actor (pid, start time), its Ray,
+    the segments' earliest time (``since``), its directories and log, whether its Ray ends
+    the processes it leaves, and its processes and the segments they mapped so far."""
+
+    pid: int
+    started: float
+    raylet: Raylet
+    since: float
+    dirs: list[str]
+    log: str | None = None
+    ray_ends: bool = False
+    members: dict[int, float] = dataclasses.field(default_factory=dict)
+    seen: list[str] = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> str:
+        fields = dataclasses.asdict(self)
+        fields["members"] = {str(p): t for p, t in self.members.items()}  # JSON's keys
+        return json.dumps(fields)
+
+    @classmethod
+    def from_json(cls, text: str) -> EngineRecord:
+        """Raises ``ValueError`` where ``text`` is not such a record."""
+        try:
+            data = json.loads(text)
+            pid, started = data.get("raylet") or (0, 0.0)
+            return cls(
+                pid=int(data["pid"]),
+                started=float(data["started"]),
+                raylet=(int(pid), float(started)),
+                since=float(data["since"]),
+                dirs=[str(d) for d in data["dirs"]],
+                log=data.get("log"),
+                ray_ends=bool(data.get("ray_ends", False)),
+                members={int(p): float(t) for p, t in data.get("members", {}).items()},
+                seen=sorted(str(n) for n in data.get("seen", [])),
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not an engine record: {text[:200]!r}") from exc
+
+    def set_tree(self, members: dict[int, float], seen: set[str]) -> None:
+        self.members, self.seen = dict(members), sorted(seen)
+
+
+@dataclasses.dataclass(frozen=True)
+class RegionRecord:
+    """A region kept by a Ray's agent (a file per region), for when that Ray has ended."""
+
+    region: str
+    raylet: Raylet
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> RegionRecord:
+        """Raises ``ValueError`` where ``text`` is not such a record."""
+        try:
+            data = json.loads(text)
+            pid, started = data.get("raylet") or (0, 0.0)
+            return cls(str(data["region"]), (int(pid), float(started)))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a region record: {text[:200]!r}") from exc
+
+
 def _record_region(records: Path, region: str) -> Path:
     """Record the region ``region`` as kept by this Ray's agent (this worker's parent is its
     raylet): ``regions/<hash of its path>.json``, written whole; its path."""
-    import psutil
-
     record = records / "regions" / f"{hashlib.sha256(region.encode()).hexdigest()[:16]}.json"
     record.parent.mkdir(parents=True, exist_ok=True)
-    raylet = psutil.Process(os.getppid())
-    write_whole(
-        record, json.dumps({"region": region, "raylet": [raylet.pid, raylet.create_time()]})
-    )
+    write_whole(record, RegionRecord(region, _this_raylet()).to_json())
     return record
 
 
@@ -134,19 +208,21 @@ class NodeAgent:
         from ray_stream_llm.integrations.vllm import shm
 
         # what an earlier agent left: the engines to watch or finish, then the regions to keep
-        for pattern in ("*.json", "regions/*.json"):
-            for record in sorted(self._records.glob(pattern)):
-                with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                    state = json.loads(record.read_text())
-                    raylet = state.get("raylet") or [0, 0.0]
-                    if raylet[0] != os.getppid() and shm.is_running(*raylet):
-                        continue  # another running Ray's: its own agent watches or keeps it
-                    if pattern != "*.json":
-                        self.keep(state["region"])
-                        continue
+        def another_rays(raylet: Raylet) -> bool:  # its own agent watches or keeps it
+            return raylet[0] != os.getppid() and shm.is_running(*raylet)
+
+        for path in sorted(self._records.glob("*.json")):
+            with contextlib.suppress(OSError, ValueError):
+                engine = EngineRecord.from_json(path.read_text())
+                if not another_rays(engine.raylet):
                     with self._lock:
-                        thread = self._thread(record, state, left=True)
+                        thread = self._thread(path, engine, left=True)
                     thread.start()
+        for path in sorted(self._records.glob("regions/*.json")):
+            with contextlib.suppress(OSError, ValueError):
+                kept = RegionRecord.from_json(path.read_text())
+                if not another_rays(kept.raylet):
+                    self.keep(kept.region)
         threading.Thread(
             target=self._retire_when_idle, args=(IDLE_S,), name="retire", daemon=True
         ).start()
@@ -161,25 +237,18 @@ class NodeAgent:
 
         from ray_stream_llm.integrations.vllm import shm
 
-        raylet = psutil.Process(os.getppid())  # this worker's: it ends with its Ray
         # What the engine's tree maps as it asks is in the record before the answer: a Ray
         # shut down at once after the engine's start must not find the record empty.
-        state: dict[str, Any] = {
-            "pid": pid,
-            "started": psutil.Process(pid).create_time(),
-            "raylet": [raylet.pid, raylet.create_time()],
-            "since": since,
-            "dirs": dirs,
-            "log": log,
-            "ray_ends": ray_ends,
-        }
-        _set_tree(state, *shm.snapshot(pid))
-        record = self._records / f"{pid}-{state['started']}.json"
+        engine = EngineRecord(
+            pid, psutil.Process(pid).create_time(), _this_raylet(), since, dirs, log, ray_ends
+        )
+        engine.set_tree(*shm.snapshot(pid))
+        record = self._records / f"{pid}-{engine.started}.json"
         with self._lock:  # taken, or refused, before retire_when_idle can decide
             if self._retiring:
                 return False
-            write_whole(record, json.dumps(state))
-            thread = self._thread(record, state, left=False)
+            write_whole(record, engine.to_json())
+            thread = self._thread(record, engine, left=False)
         thread.start()
         return True
 
@@ -207,6 +276,7 @@ class NodeAgent:
         pull's thread holds them while the store's client is made; no record or log of
         this agent has them). A pull already going on in another process (its lock) is left
         to it. False when this agent is ending (ask the node's next one)."""
+        from ray_stream_llm.integrations.ray import peers
         from ray_stream_llm.weights.pull import pull_with
 
         with self._lock:
@@ -217,7 +287,7 @@ class NodeAgent:
                 return True
         # outside the lock (a whole region joins its peers' directory: a Ray call); two
         # requests at once claim it once (the pull lock)
-        if (thread := pull_with(Path(region), env)) is not None:
+        if (thread := pull_with(Path(region), env, peers)) is not None:
             with self._lock:
                 self._pulling[region] = thread
         return True
@@ -225,7 +295,7 @@ class NodeAgent:
     def _keep(self, record: Path, region: str) -> None:
         import ray
 
-        from ray_stream_llm.weights import peers
+        from ray_stream_llm.integrations.ray import peers
         from ray_stream_llm.weights.lifetime import reap
 
         try:
@@ -245,15 +315,15 @@ class NodeAgent:
 
     def read(self, region: str, name: str, start: int, end: int) -> bytes:
         """Bytes ``start``..``end`` of the weight file ``name`` of ``region``, a region this
-        agent keeps, for a node that copies it (``weights.peers.read_range``)."""
-        from ray_stream_llm.weights import peers
+        agent keeps, for a node that copies it (``peers.read_range``)."""
+        from ray_stream_llm.integrations.ray import peers
 
         return peers.read_range(self._kept(region), name, start, end)
 
     def digest(self, region: str, name: str) -> str:
         """The sha256 this node's pull recorded for ``name`` of ``region``, a region this
-        agent keeps, once the file is whole (``weights.peers.file_digest``)."""
-        from ray_stream_llm.weights import peers
+        agent keeps, once the file is whole (``peers.file_digest``)."""
+        from ray_stream_llm.integrations.ray import peers
 
         return peers.file_digest(self._kept(region), name)
 
@@ -298,47 +368,45 @@ class NodeAgent:
                     break
         ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
-    def _thread(self, record: Path, state: dict[str, Any], *, left: bool) -> threading.Thread:
-        """The thread that watches (or finishes) the engine of ``state``, registered, not yet
-        started (the caller holds the lock); ``left``: the record is an earlier agent's."""
+    def _thread(self, record: Path, engine: EngineRecord, *, left: bool) -> threading.Thread:
+        """The thread that watches (or finishes) ``engine``, registered, not yet started (the
+        caller holds the lock); ``left``: the record is an earlier agent's."""
         thread = threading.Thread(
             target=self._run,
-            args=(record, state, left),
-            name=f"engine-{state['pid']}",
+            args=(record, engine, left),
+            name=f"engine-{engine.pid}",
             daemon=True,
         )
-        self._watching[state["pid"]] = thread
+        self._watching[engine.pid] = thread
         return thread
 
-    def _run(self, record: Path, state: dict[str, Any], left: bool) -> None:
+    def _run(self, record: Path, engine: EngineRecord, left: bool) -> None:
         from ray_stream_llm.integrations.vllm import shm
 
-        pid, since, dirs = state["pid"], state["since"], state["dirs"]
-        log = _engine_log(state["log"], pid)
+        pid = engine.pid
+        log = _engine_log(engine.log, pid)
 
         def keep(members: dict[int, float], seen: set[str]) -> None:
-            _set_tree(state, members, seen)
-            write_whole(record, json.dumps(state))
+            engine.set_tree(members, seen)
+            write_whole(record, engine.to_json())
 
         try:
             # this agent's own engine is watched even if it has just died (killed as its start
             # returned, before this thread ran), as is an earlier agent's that runs
-            if not left or shm.is_running(pid, state["started"]):
-                members, seen = _tree(state)
+            if not left or shm.is_running(pid, engine.started):
                 shm.watch(
                     pid,
-                    since,
-                    dirs,
+                    engine.since,
+                    engine.dirs,
                     log=log,
                     record=keep,
-                    members=members,
-                    seen=seen,
-                    end_leftovers=not state.get("ray_ends", False),
+                    members=dict(engine.members),
+                    seen=set(engine.seen),
+                    end_leftovers=not engine.ray_ends,
                 )
             else:  # it ended while no agent ran: what still runs of it is left over
-                members = state["members"]
-                log.info("actor %d ended while no agent ran; its processes %s", pid, members)
-                _finish(state, ray_ends=state.get("ray_ends", False), log=log)
+                log.info("actor %d ended while no agent ran; its processes %s", pid, engine.members)
+                _finish(engine, ray_ends=engine.ray_ends, log=log)
         except Exception:
             log.exception("cleaning up after actor %d failed", pid)
             raise
@@ -436,32 +504,20 @@ def pull_region(region: Path) -> None:
     Asked("pull", str(region), store_env()).confirm()
 
 
-def _tree(state: dict[str, Any]) -> tuple[dict[int, float], set[str]]:
-    """A record's engine processes (pid and start time) and the segments they mapped."""
-    return {int(p): t for p, t in state["members"].items()}, set(state["seen"])
-
-
-def _set_tree(state: dict[str, Any], members: dict[int, float], seen: set[str]) -> None:
-    """Put ``members`` and ``seen`` in the record ``state`` (JSON: string keys, a list)."""
-    state["members"] = {str(p): t for p, t in members.items()}
-    state["seen"] = sorted(seen)
-
-
 def _finish(
-    state: dict[str, Any], *, ray_ends: bool, log: logging.Logger = logger, **end: float
+    engine: EngineRecord, *, ray_ends: bool, log: logging.Logger = logger, **end: float
 ) -> None:
-    """Clean up after the recorded engine of ``state``, which has exited: end what still runs
-    of its processes at once (unless ``ray_ends``: its Ray ends them; they are waited for),
-    remove the segments they mapped and its directories (``shm.clean_after``, given
-    ``end``: its ``term_wait`` and ``poll``)."""
+    """Clean up after the recorded ``engine``, which has exited: end what still runs of its
+    processes at once (unless ``ray_ends``: its Ray ends them; they are waited for), remove
+    the segments they mapped and its directories (``shm.clean_after``, given ``end``: its
+    ``term_wait`` and ``poll``)."""
     from ray_stream_llm.integrations.vllm import shm
 
-    members, seen = _tree(state)
     shm.clean_after(
-        members,
-        seen,
-        state["since"],
-        state["dirs"],
+        dict(engine.members),
+        set(engine.seen),
+        engine.since,
+        engine.dirs,
         grace=0.0,
         log=log,
         end_leftovers=not ray_ends,
@@ -470,7 +526,7 @@ def _finish(
 
 
 def finish_orphaned(
-    ending: Collection[tuple[int, float]] = (), wait: float = 10.0, *, ray_ends: bool = False
+    ending: Collection[Raylet] = (), wait: float = 10.0, *, ray_ends: bool = False
 ) -> list[int]:
     """In a process of the node: finish what the node's agents left when their Ray ended.
     For each recorded engine whose agent's raylet is gone, end what still runs of its
@@ -483,46 +539,46 @@ def finish_orphaned(
     killed, ended none). A record of a Ray that still runs is its agent's. The engines
     cleaned up after."""
     finished = []
-    for record, state in _left_by_ended_rays("*.json", ending, wait):
+    for record, engine in _left_by_ended_rays("*.json", EngineRecord, ending, wait):
         try:
-            raylet = tuple(state.get("raylet") or (0, 0.0))
-            if ray_ends and raylet in ending:
-                _finish(state, ray_ends=True, term_wait=5.0, poll=0.1)
+            if ray_ends and engine.raylet in ending:
+                _finish(engine, ray_ends=True, term_wait=5.0, poll=0.1)
             else:
-                _finish(state, ray_ends=False, term_wait=0.0, poll=0.1)
-            finished.append(state["pid"])
-        except (OSError, ValueError, KeyError, TypeError):
+                _finish(engine, ray_ends=False, term_wait=0.0, poll=0.1)
+            finished.append(engine.pid)
+        except OSError:
             logger.warning("cannot finish the node agent's record %s", record, exc_info=True)
         record.unlink(missing_ok=True)
     return finished
 
 
+_Record = TypeVar("_Record", EngineRecord, RegionRecord)
+
+
 def _left_by_ended_rays(
-    pattern: str, ending: Collection[tuple[int, float]], wait: float
-) -> Iterator[tuple[Path, dict[str, Any]]]:
-    """The node's records (``pattern``) of agents whose Ray is gone, each with its state; the
-    raylets in ``ending`` are given up to ``wait`` s in all to end. A record of a Ray that
-    still runs is its agent's, and one that cannot be read is removed."""
+    pattern: str, kind: type[_Record], ending: Collection[Raylet], wait: float
+) -> Iterator[tuple[Path, _Record]]:
+    """The node's records (``pattern``, of ``kind``) of agents whose Ray is gone; the raylets
+    in ``ending`` are given up to ``wait`` s in all to end. A record of a Ray that still runs
+    is its agent's, and one that cannot be read is removed."""
     from ray_stream_llm.integrations.vllm import shm
 
     deadline = time.monotonic() + wait
-    for record in sorted(state_dir().glob(pattern)):
+    for path in sorted(state_dir().glob(pattern)):
         try:
-            state = json.loads(record.read_text())
-            raylet = tuple(state.get("raylet") or (0, 0.0))
-        except (OSError, ValueError, TypeError):
-            logger.warning("cannot read the node agent's record %s", record, exc_info=True)
-            record.unlink(missing_ok=True)
+            record = kind.from_json(path.read_text())
+        except (OSError, ValueError):
+            logger.warning("cannot read the node agent's record %s", path, exc_info=True)
+            path.unlink(missing_ok=True)
             continue
+        raylet = record.raylet
         while raylet in ending and shm.is_running(*raylet) and time.monotonic() < deadline:
             time.sleep(0.1)
         if not shm.is_running(*raylet):
-            yield record, state
+            yield path, record
 
 
-def retire_orphaned_regions(
-    ending: Collection[tuple[int, float]] = (), wait: float = 10.0
-) -> list[str]:
+def retire_orphaned_regions(ending: Collection[Raylet] = (), wait: float = 10.0) -> list[str]:
     """In a process of the node: retire the regions the node's agents kept when their Ray
     ended (``weights.lifetime.retire``: removed, or kept warm), waiting up to ``wait`` s in
     all for the raylets in ``ending`` and for the regions' other holders to end; the actors
@@ -534,16 +590,90 @@ def retire_orphaned_regions(
 
     removed = []
     deadline = time.monotonic() + wait
-    for record, state in _left_by_ended_rays("regions/*.json", ending, wait):
+    for record, kept in _left_by_ended_rays("regions/*.json", RegionRecord, ending, wait):
         try:
             wait_s = max(0.0, deadline - time.monotonic())
-            if retire(Path(state["region"]), wait_s):
+            if retire(Path(kept.region), wait_s):
                 record.unlink(missing_ok=True)
-                removed.append(state["region"])
-        except (OSError, ValueError, KeyError, TypeError):
+                removed.append(kept.region)
+        except (OSError, ValueError):
             logger.warning("cannot retire the node agent's region %s", record, exc_info=True)
             record.unlink(missing_ok=True)
     return removed
+
+
+_finishing = threading.Lock()  # the exit hook and a local Ray's watch finish one at a time
+_watched: set[Raylet] = set()  # the local raylets a thread waits on
+
+
+def _local_raylet() -> Raylet | None:
+    """The raylet (pid and start time) of the Ray this process started itself (``ray.init()``
+    with no address: a child of this process); None where Ray is not running here or this
+    process joined a running cluster (its agents outlive it)."""
+    import psutil
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    node = getattr(ray._private.worker, "_global_node", None)
+    if node is None or not node.is_head():
+        return None
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if child.name() == "raylet":
+                return child.pid, child.create_time()
+    return None
+
+
+def _finish_after(raylets: set[Raylet], ray_ends: bool) -> None:
+    """What the engines of the Rays whose ``raylets`` just ended left: their processes (ended
+    here only where that Ray does not end them), their segments, their regions."""
+    with _finishing:
+        finish_orphaned(ending=raylets, ray_ends=ray_ends)
+        retire_orphaned_regions(ending=raylets)
+
+
+def _wait_for_exit(pid: int) -> None:
+    """Return once the process ``pid`` has exited (a pidfd: no polling; else psutil's wait)."""
+    import select
+
+    import psutil
+
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pid).wait()
+        return
+    try:
+        select.select([fd], [], [])
+    finally:
+        os.close(fd)
+
+
+def watch_local_ray() -> None:
+    """Where this process started its own Ray (a driver's ``ray.init()``, explicit or Ray
+    Data's own): a thread of this process waits for that Ray's raylet to exit, then finishes
+    what its engines left (:func:`_finish_after`) at once, so that a driver that calls
+    ``ray.shutdown()`` and goes on running (a notebook) keeps no segment or region of the
+    job. Run by Ray after each ``ray.init()`` of the driver (Ray's own post-init hooks, which
+    its libraries use for the same purpose) and at the processor's build."""
+    raylet = _local_raylet()
+    if raylet is None or raylet in _watched:
+        return
+    from ray_stream_llm.integrations.ray.compat import ray_ends_workers_processes
+
+    _watched.add(raylet)
+    ray_ends = ray_ends_workers_processes(at_shutdown=True)  # read while it runs
+
+    def watch() -> None:
+        _wait_for_exit(raylet[0])
+        try:
+            _finish_after({raylet}, ray_ends)
+        except Exception:
+            logger.warning("cleaning up after the local Ray failed", exc_info=True)
+
+    threading.Thread(target=watch, name="rsl-local-ray", daemon=True).start()
 
 
 def finish_at_exit() -> None:
@@ -553,9 +683,8 @@ def finish_at_exit() -> None:
     after it (their processes are ended here only where that Ray leaves them running:
     ``compat.ray_ends_workers_processes``): Ray is shut down first (what its own exit hook
     does next, and a second call does nothing), then :func:`finish_orphaned` and
-    :func:`retire_orphaned_regions`. Also after the user's own ``ray.shutdown()``. A driver
-    that joined a running cluster leaves the work to its agents, which outlive it."""
-    import psutil
+    :func:`retire_orphaned_regions`. A driver that joined a running cluster leaves the work
+    to its agents, which outlive it."""
     import ray
 
     from ray_stream_llm.integrations.ray.compat import ray_ends_workers_processes, settle_ray_data
@@ -564,23 +693,24 @@ def finish_at_exit() -> None:
     ray_ends = False
     if ray.is_initialized():
         settle_ray_data()  # before Ray's shutdown, here or in its own exit hook
-        node = getattr(ray._private.worker, "_global_node", None)
-        if node is None or not node.is_head():
+        raylet = _local_raylet()
+        if raylet is None:
             return  # not a Ray of this process: its agents go on
-        # its raylet, a child of this process: the records of its engines are this exit's
-        for child in psutil.Process().children():
-            with contextlib.suppress(psutil.Error):
-                if child.name() == "raylet":
-                    ending.add((child.pid, child.create_time()))
+        ending.add(raylet)
         ray_ends = ray_ends_workers_processes(at_shutdown=True)  # read while it runs
         ray.shutdown()
-    finish_orphaned(ending=ending, ray_ends=ray_ends)
-    retire_orphaned_regions(ending=ending)
+    _finish_after(ending, ray_ends)
 
 
 @functools.cache
 def finish_at_exit_of_this_process() -> None:
-    """Register :func:`finish_at_exit` once per process (the driver's)."""
+    """Register, once per process (the driver's): :func:`finish_at_exit` at its exit, and
+    :func:`watch_local_ray` after each ``ray.init()`` of it (and now, where Ray runs)."""
     import atexit
 
+    from ray._private import worker
+
     atexit.register(finish_at_exit)
+    if watch_local_ray not in worker._post_init_hooks:
+        worker._post_init_hooks.append(watch_local_ray)
+    watch_local_ray()

@@ -27,7 +27,8 @@ from ray_stream_llm.errors import (
     WeightLoadError,
 )
 from ray_stream_llm.fetch import FetchReport, content_dir, fetch_metadata_report
-from ray_stream_llm.integrations.ray.agent import keep_region, pull_region, watch_engine
+from ray_stream_llm.integrations.ray import node
+from ray_stream_llm.integrations.ray.agent import watch_engine
 from ray_stream_llm.integrations.ray.engine_stage import engine_stage_shims, vLLMEngineStageUDF
 from ray_stream_llm.integrations.ray.progress import progress_enabled
 from ray_stream_llm.integrations.ray.stream_watch import StreamWatcher, from_streamer, root_cause
@@ -98,8 +99,9 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
             # the streamer's CPU buffer bounded by the actor's memory, unless the user chose
             memory.streamer_memory_limit(
                 engine_kwargs,
-                memory.engines_per_node(plan.sharing.engine_resources),
+                node.engines_per_node(plan.sharing.engine_resources),
                 cpu_build=on_cpu,
+                assigned=node.assigned_memory(),
             )
             if plan.weight_checksums:  # vLLM's processes inherit this actor's environment
                 os.environ[checksums.ENV] = "1"
@@ -115,7 +117,7 @@ class StreamingvLLMEngineStageUDF(vLLMEngineStageUDF):
                     # a region is read only through this library's loader: fail closed
                     # before any of it is made
                     require_plugin()
-                self._weights = acquire(plan.uri, fetched, plan.sharing, keep_region, pull_region)
+                self._weights = acquire(plan.uri, fetched, plan.sharing, node.holder())
             except RayStreamLLMError as exc:  # no plugin; or 'node' asked for, cannot fit
                 store_failure(exc)  # for ray_stream_llm.typed_errors() on the driver
                 raise

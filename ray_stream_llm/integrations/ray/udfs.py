@@ -16,7 +16,7 @@ from typing import Any
 from ray_stream_llm.actors import actor_logging
 from ray_stream_llm.errors import RayStreamLLMError
 from ray_stream_llm.fetch import fetch_metadata_report
-from ray_stream_llm.integrations.ray.agent import keep_region, pull_region
+from ray_stream_llm.integrations.ray import node
 from ray_stream_llm.integrations.ray.compat import (
     ChatTemplateUDF,
     DetokenizeUDF,
@@ -78,13 +78,13 @@ def _prepare(secret_env: SecretEnv | None, plan: Plan | None, model: Any) -> Any
         raise
     if (
         plan.shares
-        and plan.sharing.node_can_host_an_engine()
+        and node.can_host_an_engine(plan.sharing.engine_resources)
         and plugin_inactive_reason() is None  # else the engine refuses the region
     ):
         # The earliest point of the job on this node: the pull overlaps actor start-up and
         # engine initialisation. Best effort: the engine acquires (and reports) itself.
         sharing = dataclasses.replace(plan.sharing, required=False)
-        weights = NodeWeights(plan.uri, report.weight_objects, sharing, keep_region, pull_region)
+        weights = NodeWeights(plan.uri, report.weight_objects, sharing, node.holder())
         if weights.acquire() is not None:
             _prefetched.append(weights)
     return str(report.path)

@@ -128,6 +128,18 @@ def test_vllms_seam_imports_nothing_of_rays():
     assert {name: deps for name, deps in vllm_side.items() if deps} == {}
 
 
+def test_the_weights_protocol_imports_no_ray():
+    """``weights/`` is a region's file protocol and its pull: what it needs of Ray (the node,
+    the holder, the node's agent, the peers) is handed in by ``integrations/ray/`` (issue 56),
+    at module level, inside a function and for types alone."""
+    weights = {
+        name: sorted(m for m in _imports(path, type_only=True) if m.split(".")[0] == "ray")
+        for name, path in MODULES.items()
+        if name.startswith("ray_stream_llm.weights")
+    }
+    assert {name: deps for name, deps in weights.items() if deps} == {}
+
+
 def test_the_tokenizer_side_stage_actors_never_import_vllm():
     """A chat-template, tokenize or detokenize actor unpickles its UDF class from
     ``integrations.ray.udfs``: importing that (and the package) loads no vLLM, which costs each

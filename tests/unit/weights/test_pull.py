@@ -19,6 +19,7 @@ tests/integration (test_node_weights.py, test_peers.py)."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -27,8 +28,8 @@ import pytest
 
 from ray_stream_llm.errors import ModelNotFoundError, ObjectChangedError, RayStreamLLMError
 from ray_stream_llm.files import try_locked, write_whole
-from ray_stream_llm.weights.marks import CREATED, FAILED, failure
-from ray_stream_llm.weights.pull import fail, finished_pull, pull_error, pull_status
+from ray_stream_llm.weights.marks import CREATED, FAILED, PullRecord, failure, pull_record
+from ray_stream_llm.weights.pull import fail, finished_pull, pull_error
 from ray_stream_llm.weights.reading import wait_for
 
 NAME = "model.safetensors"
@@ -119,8 +120,8 @@ def test_a_reader_before_the_record_gets_it_once_the_pull_ends(tmp_path: Path):
     reader.start()
     reader.join(timeout=1.0)
     assert reader.is_alive() and not got  # no record yet, the pull still runs: it waits
-    record = {"source": "store", "bytes": 16}
-    write_whole(tmp_path / ".pull.json", json.dumps(record))
+    record = PullRecord(started=1.0, finished=2.0, bytes=16, pid=os.getpid())
+    write_whole(tmp_path / ".pull.json", record.to_json())
     pull.release()
     reader.join(timeout=30)
     assert not reader.is_alive() and got["status"] == record
@@ -130,4 +131,4 @@ def test_no_pull_and_no_record_is_none_at_once(tmp_path: Path):
     started = time.monotonic()
     assert finished_pull(tmp_path, timeout=30) is None  # the pull failed, or never ran
     assert time.monotonic() - started < 5
-    assert pull_status(tmp_path) is None
+    assert pull_record(tmp_path) is None

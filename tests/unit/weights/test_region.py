@@ -15,7 +15,7 @@ from ray_stream_llm.uri import parse_model_uri
 from ray_stream_llm.weights import region as region_module
 from ray_stream_llm.weights.marks import FAILED
 from ray_stream_llm.weights.pull import pull_error
-from ray_stream_llm.weights.region import NodeWeights, Sharing
+from ray_stream_llm.weights.region import Holder, NodeWeights, Sharing
 
 OBJECTS = (ObjectInfo(path="model.safetensors", key="m/model.safetensors", size=4, etag="e"),)
 
@@ -35,8 +35,7 @@ def weights(tmp_path, monkeypatch):
         parse_model_uri("s3://models/m/"),
         OBJECTS,
         Sharing("node", base=str(tmp_path / "base")),
-        keeper=lambda region: None,
-        puller=puller,
+        Holder(keeper=lambda region: None, puller=puller),
     )
     held.calls, held.failing = calls, failing  # type: ignore[attr-defined]
     yield held

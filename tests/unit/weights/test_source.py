@@ -8,7 +8,7 @@ from pathlib import Path
 from ray_stream_llm.fetch import FetchReport
 from ray_stream_llm.stores import ObjectInfo
 from ray_stream_llm.uri import parse_model_uri
-from ray_stream_llm.weights.region import RegionWeights, Sharing
+from ray_stream_llm.weights.region import Holder, RegionWeights, Sharing
 from ray_stream_llm.weights.source import acquire
 from ray_stream_llm.weights.store import StoreWeights
 
@@ -41,8 +41,7 @@ def test_node_sharing_gives_the_nodes_region(tmp_path):
         URI,
         FETCHED,
         Sharing("node", base=str(tmp_path / "base")),
-        keeper=lambda region: None,
-        puller=pulled.append,
+        Holder(keeper=lambda region: None, puller=pulled.append),
     )
     try:
         assert isinstance(source, RegionWeights) and source.sharing == "node"

@@ -121,13 +121,15 @@ def test_the_state_dir_is_per_user_on_dev_shm():
     assert found.parent == Path(root)  # the same for every job's TMPDIR
 
 
-def test_an_engines_tree_survives_its_json_record():
-    members = {4242: 1700000000.25, 17: 1700000001.5}
-    seen = {"vllm_dist_b", "psm_a"}
-    kept: dict[str, object] = {"pid": 4242}
-    agent._set_tree(kept, members, seen)
-    assert kept["seen"] == ["psm_a", "vllm_dist_b"]  # sorted: the same tree, the same file
-    assert agent._tree(json.loads(json.dumps(kept))) == (members, seen)
+def test_an_engines_record_survives_its_json_form():
+    engine = agent.EngineRecord(4242, 1700000000.25, (17, 1699999999.5), 1700000000.0, ["/d"])
+    engine.set_tree({4242: 1700000000.25, 17: 1700000001.5}, {"vllm_dist_b", "psm_a"})
+    assert engine.seen == ["psm_a", "vllm_dist_b"]  # sorted: the same tree, the same file
+    text = engine.to_json()
+    assert json.loads(text)["members"] == {"4242": 1700000000.25, "17": 1700000001.5}
+    assert agent.EngineRecord.from_json(text) == engine
+    with pytest.raises(ValueError, match="not an engine record"):
+        agent.EngineRecord.from_json(json.dumps({"pid": 1}))
 
 
 def test_a_region_is_recorded_once_by_its_path_with_this_workers_parent(tmp_path):
@@ -184,6 +186,7 @@ def test_finish_orphaned_ends_what_an_ended_rays_engine_left_and_nothing_of_a_ru
         state,
         "gone",
         pid=actor.pid,
+        started=started(actor)[1],
         raylet=list(ended_ray()),
         since=since,
         dirs=[str(gone_dir)],
@@ -194,6 +197,7 @@ def test_finish_orphaned_ends_what_an_ended_rays_engine_left_and_nothing_of_a_ru
         state,
         "running",
         pid=other.pid,
+        started=started(other)[1],
         raylet=list(started(os.getpid())),  # this process: a Ray that still runs
         since=since,
         dirs=[str(kept_dir)],
@@ -224,6 +228,7 @@ def test_finish_orphaned_sends_no_signal_where_the_ending_ray_ends_its_processes
         state,
         "engine",
         pid=leftover.pid,
+        started=started(leftover)[1],
         raylet=list(raylet),
         since=segment.stat().st_mtime - 1,
         dirs=[],

@@ -1,7 +1,8 @@
 """A node's region filled from another node's region over Ray: one store read per cluster.
 
 Where the plan shares weights with peers (``weight_peers``, the fan-out, 2 by default),
-each node's pull (its agent's: :func:`ray_stream_llm.weights.pull.pull_with`) joins
+each node's pull (its agent's: :func:`ray_stream_llm.weights.pull.pull_with`, given this
+module as its ``peers``) joins
 the model's *directory*: a detached Ray actor named for the region's key (``rsl-peers-<key>``,
 namespace ``ray_stream_llm``, created by the first node that asks, atomically). Each node's
 *server* is its node agent (``integrations/ray/agent.py``), which keeps the node's region
@@ -35,6 +36,7 @@ is removed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -49,7 +51,9 @@ from ray_stream_llm.files import sha256_of, write_whole
 from ray_stream_llm.weights.marks import (
     CREATED,
     FAILED,
+    PEER_RECORD,
     UNSHARED,
+    PullSource,
     digest_of,
     done,
     objects_of,
@@ -220,8 +224,11 @@ class PeerRead:
 
     def _record(self) -> None:
         """``.peer.json``: this node, where it reads from, the pid of its own server."""
-        record = {"node": self.node[:16], "server_pid": self.server_pid, **self.status()}
-        write_whole(self.region / ".peer.json", json.dumps(record))
+        record = {"node": self.node[:16], "server_pid": self.server_pid}
+        write_whole(
+            self.region / PEER_RECORD,
+            json.dumps({**record, **dataclasses.asdict(self.status())}),
+        )
 
     def _from_parent(self, call: Callable[[Any, str], Any]) -> tuple[str, Any] | None:
         """``call(agent, region)`` of this node's parent, awaited: the parent and its answer;
@@ -306,13 +313,13 @@ class PeerRead:
             )
             self._record()
 
-    def status(self) -> dict[str, Any]:
-        return {
-            "source": f"peer {self.parent[:16]}" if self.parent else "store",
-            "peer_bytes": self.peer_bytes,
-            "store_bytes": self.store_bytes,
-            "peers_lost": [p[:16] for p in self.lost],
-        }
+    def status(self) -> PullSource:
+        return PullSource(
+            source=f"peer {self.parent[:16]}" if self.parent else "store",
+            peer_bytes=self.peer_bytes,
+            store_bytes=self.store_bytes,
+            peers_lost=tuple(p[:16] for p in self.lost),
+        )
 
 
 def _attach(

@@ -1,4 +1,4 @@
-"""The peers' tree and a node's serving of its region (ray_stream_llm/weights/peers.py): the
+"""The peers' tree and a node's serving of its region (integrations/ray/peers.py): the
 choice of a parent, the ranges a region serves while it fills, and the reads of a node with
 no parent; regions in tmp_path, no Ray."""
 
@@ -9,10 +9,11 @@ import os
 
 import pytest
 
-from ray_stream_llm.weights import peers
+from ray_stream_llm.integrations.ray import peers
 from ray_stream_llm.weights.marks import (
     CREATED,
     FAILED,
+    PullSource,
     partial,
     record_digest,
     record_progress,
@@ -108,9 +109,4 @@ def test_a_node_without_a_parent_reads_the_store_and_counts_it(region):
     assert reader(NAME, 100, 1023) == DATA[100:]
     assert asked == [(NAME, 0, 99), (NAME, 100, 1023)]
     assert reader.digest(NAME) is None  # the store's ETag is checked instead
-    assert reader.status() == {
-        "source": "store",
-        "peer_bytes": 0,
-        "store_bytes": len(DATA),
-        "peers_lost": [],
-    }
+    assert reader.status() == PullSource(source="store", store_bytes=len(DATA))
