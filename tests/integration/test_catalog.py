@@ -669,7 +669,8 @@ def test_hostile_object_keys(s3_server, no_aws_env):
 
 
 def test_docs_table_matches_catalog():
-    """Runs after the cases (file order): every case is a row of docs/errors.md."""
+    """Runs after the cases (file order): every case is a row of docs/errors.md, its
+    message as this run raised it."""
     if os.environ.get("RSL_WRITE_CATALOG") == "1" and len(MESSAGES) == len(CASES):
         rows = ["| input | error class | message |", "|---|---|---|"]
         for case in CASES:
@@ -693,3 +694,12 @@ def test_docs_table_matches_catalog():
     text = DOCS.read_text()
     for case in CASES:
         assert f"| {case.input} | `{case.error.__name__}` |" in text, case.id
+    # each message as raised this run, word for word (the cases ran first, in file order)
+    stale = [
+        case.id
+        for case in CASES
+        if case.id in MESSAGES
+        and f"| {case.input} | `{MESSAGES[case.id][0]}` | "
+        f"{MESSAGES[case.id][1].replace('|', '&#124;')} |" not in text
+    ]
+    assert stale == [], f"docs/errors.md differs from the raised messages: {stale}"
