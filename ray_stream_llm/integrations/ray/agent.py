@@ -163,12 +163,10 @@ def actor_alive(actor_id: str) -> bool:
     """Whether the actor ``actor_id`` (hex) is alive, or being made or restarted, as this
     Ray's actor table says; the node agent counts a region's holders by it. The table's own
     reader (``ray._private.state.actors``, in Ray 2.48.0-2.60.0): the public state API
-    (``ray.util.state``) needs the dashboard, which many jobs and these tests turn off.
-    Measured here: ``DEAD`` 0.06 s after the actor's worker was SIGKILLed, 1.8 ms a lookup.
-    Where the table cannot be read, alive: the region is kept, never removed under a
-    holder. Here, not in ``compat``: that imports Ray's LLM stages, and with them torch,
-    which the agent never needs (a restarted agent spent over 20 s of a loaded node's CPU
-    importing it before it could count a region's holders)."""
+    (``ray.util.state``) needs the dashboard, which many jobs turn off. Where the table
+    cannot be read, alive: the region is kept, never removed under a holder. Here, not in
+    ``compat``: that imports Ray's LLM stages, and with them torch, which the agent never
+    needs."""
     from ray._private import state
 
     try:

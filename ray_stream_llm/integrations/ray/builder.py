@@ -77,7 +77,7 @@ MAP_NUM_CPUS = 0.1
 _RAY_STAGE_CPUS = 1.0  # what Ray Data reserves for a map actor or task that names none
 # A file read or write task around the processor (read_json, write_parquet: Ray Data's
 # default CPU). The actors a small cluster holds leave room for one, else the job stalls
-# before its first row (2 CPUs: "Active & requested resources: 2.75/2 CPU", issue 35)
+# before its first row
 FILE_TASK_CPUS = _RAY_STAGE_CPUS
 # How long the rows wait for the engines a job starts with (Ray Data's wait_for_min_actors_s,
 # where the user left it unset): as long as engine starts take (metadata, the node's pull,
@@ -143,8 +143,8 @@ def checkpoint_filter_cpus() -> float:
     the current DataContext has a ``checkpoint_config`` when the processor is built: from
     Ray 2.60 a re-run (a checkpoint holding rows) filters the read's rows in a
     ``CheckpointFilter`` actor pool of ``checkpoint_actor_pool_min_size`` actors that ask
-    for Ray Data's default CPU each (its config sets only their memory, 1 GiB; measured on
-    2 CPUs: "Active & requested resources: 3/2 CPU", stalled, issue 35). Counted whether or
+    for Ray Data's default CPU each (its config sets only their memory, 1 GiB; a job that
+    does not leave room for them stalls). Counted whether or
     not the checkpoint holds rows yet (a first run then reserves less). Ray 2.54 filters in
     the read task itself (no actor, nothing counted); 0 without checkpointing."""
     checkpoint = getattr(ray.data.DataContext.get_current(), "checkpoint_config", None)

@@ -1,4 +1,4 @@
-"""What compiled code is built for (issue 32): the CPU instruction set torch and Inductor use
+"""What compiled code is built for: the CPU instruction set torch and Inductor use
 on this node, the accelerator and its compute capability, the torch and vLLM versions.
 
 vLLM's CPU build compiles the model with Inductor, which emits C++ for the vector ISA it

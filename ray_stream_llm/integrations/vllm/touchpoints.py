@@ -1,4 +1,4 @@
-"""Every name of vLLM and torch this library relies on, in one table of data (issue 32).
+"""Every name of vLLM and torch this library relies on, in one table of data.
 
 Each :class:`TouchPoint` is a module, a dotted name inside it and, for a callable, the
 parameter names the library relies on. ``docs/architecture.md`` ("What the library touches
