@@ -511,7 +511,7 @@ def demo(workdir: str | None) -> None:
 )
 @click.option(
     "--suite",
-    type=click.Choice(["cold-start", "sharing", "warm", "cluster", "copy", "all"]),
+    type=click.Choice(["cold-start", "sharing", "warm", "cluster", "copy", "all", "scale"]),
     default="cold-start",
     show_default=True,
     help="cold-start: streamed vs downloaded, streamer vs ceiling, metadata fetch; sharing: "
@@ -521,7 +521,9 @@ def demo(workdir: str | None) -> None:
     "cluster: three Ray nodes pulling per node vs filling from each other (peers), one "
     "engine and TP=2 from the store vs the node's region, behind one 100 MiB/s link; "
     "copy: one engine's weight phase from the node's region beside one fresh process "
-    "copying the same bytes from a tmpfs into fresh memory, and their ratio.",
+    "copying the same bytes from a tmpfs into fresh memory, and their ratio; scale (not in "
+    "all): models of 0.5 to 8 GiB and the 2 GiB model in 1, 8 and 32 files, each phase's "
+    "seconds and GiB/s (tools/bench_scale.py).",
 )
 @click.option(
     "--layers",
@@ -561,6 +563,9 @@ def bench(
     )
 
     root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="rsl-bench-", dir="/tmp"))
+    if suite == "scale":
+        _bench_scale(root, repeat, json_path, cleanup=workdir is None)
+        return
     try:
         every = ("cold-start", "sharing", "warm", "cluster", "copy")
         suites = every if suite == "all" else (suite,)
@@ -584,6 +589,23 @@ def bench(
     failures = check_thresholds(result)
     if failures:
         raise click.ClickException("thresholds missed: " + "; ".join(failures))
+
+
+def _bench_scale(root: Path, repeat: int, json_path: str | None, *, cleanup: bool) -> None:
+    """``bench --suite scale``: its table, and its runs as JSON."""
+    import json
+
+    from ray_stream_llm.tools.bench_scale import format_scale, run_scale, summary
+
+    try:
+        runs = run_scale(root, repeat=repeat, progress=lambda m: click.echo(m, err=True))
+    finally:
+        if cleanup:
+            shutil.rmtree(root, ignore_errors=True)
+    click.echo(format_scale(runs))
+    if json_path:
+        Path(json_path).write_text(json.dumps({"runs": runs, "summary": summary(runs)}, indent=1))
+        click.echo(f"results: {json_path}")
 
 
 if __name__ == "__main__":
