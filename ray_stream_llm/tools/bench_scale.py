@@ -18,8 +18,8 @@ process or directory:
   check costs alone);
 - ``copy_gib_per_s``: one fresh process copying the same bytes from a tmpfs into fresh
   memory (``bench_copy``: the node's copy limit);
-- ``region_weight_gib_per_s``, ``store_weight_gib_per_s`` (models up to
-  :data:`ENGINE_MAX_GIB`): one engine job's weight phase (vLLM's CPU build,
+- ``region_weight_gib_per_s``, ``store_weight_gib_per_s`` (the models :data:`MODELS`
+  marks): one engine job's weight phase (vLLM's CPU build,
   ``enforce_eager``) from the node's region (less its wait for the pull) and straight from
   the store.
 
@@ -48,17 +48,18 @@ from typing import Any
 from ray_stream_llm.tools.bench_copy import copy_in_fresh_process, where
 from ray_stream_llm.tools.bench_job import MAX_TOKENS, PROMPTS, SAMPLING, run_isolated_job
 
-# label -> (decoder layers of bench.BENCH_MODEL_CONFIG's shape, files); about 50 MB a layer
-# and 0.3 GB of embeddings
-MODELS: dict[str, tuple[int, int]] = {
-    "0.5GiB/4": (5, 4),
-    "2GiB/1": (37, 1),
-    "2GiB/8": (37, 8),
-    "2GiB/32": (37, 32),
-    "4GiB/8": (79, 8),
-    "8GiB/16": (165, 16),
+# label -> (decoder layers of bench.BENCH_MODEL_CONFIG's shape, files, whether the engine
+# phases run); about 50 MB a layer and 0.3 GB of embeddings. The engine phases (two engine
+# jobs a run, a minute or more each on 2 CPUs) run for the smallest model and the two ends
+# of the file layouts.
+MODELS: dict[str, tuple[int, int, bool]] = {
+    "0.5GiB/4": (5, 4, True),
+    "2GiB/1": (37, 1, True),
+    "2GiB/8": (37, 8, False),
+    "2GiB/32": (37, 32, True),
+    "4GiB/8": (79, 8, False),
+    "8GiB/16": (165, 16, False),
 }
-ENGINE_MAX_GIB = 2.5  # the engine phases run for models up to this size (see run_scale)
 FIGURES = (
     ("metadata_seconds", "s"),
     ("preflight_seconds", "s"),
@@ -198,8 +199,9 @@ def one_run(
     server: Any,
     workdir: Path,
     progress: Callable[[str], None],
+    engines: bool = True,
 ) -> dict[str, Any]:
-    """Every phase of ``label`` once."""
+    """Every phase of ``label`` once (the engine phases with ``engines``)."""
     from ray_stream_llm.weights.pull import CHUNK
 
     files = sorted(model_dir.glob("*.safetensors"))
@@ -228,7 +230,7 @@ def one_run(
     run["md5_gib_per_s"] = gib / md5_seconds(files)
     copied = copy_in_fresh_process(files, Path("/dev/shm"))
     run["copy_gib_per_s"] = copied["bytes"] / 2**30 / copied["seconds"]
-    if gib <= ENGINE_MAX_GIB:
+    if engines:
         for sharing, key in (("auto", "region"), ("off", "store")):
             progress(f"  {label}: one engine's weight phase from the {key} ...")
             seconds = engine_weight_seconds(uri, env, workdir / f"engine-{key}", sharing)
@@ -256,7 +258,7 @@ def run_scale(
     runs = []
     with LocalS3Server(workdir / "s3") as server, scoped(server.env()):
         for label in models:
-            layers, files = MODELS[label]
+            layers, files, engines = MODELS[label]
             model_dir = cache_root() / "bench" / f"scale-{layers}x{files}"
             progress(f"{label}: generating the model (cached after the first run) ...")
             generate_model(model_dir, shards=files, layers=layers)
@@ -269,7 +271,9 @@ def run_scale(
             server.upload_dir(model_dir, uri)
             for k in range(1, repeat + 1):
                 progress(f"{label}: run {k}/{repeat}")
-                runs.append(one_run(label, uri, model_dir, server.env(), server, workdir, progress))
+                runs.append(
+                    one_run(label, uri, model_dir, server.env(), server, workdir, progress, engines)
+                )
     return runs
 
 
