@@ -75,7 +75,7 @@ FIGURES = (
 )
 
 _PULL = """
-import json, resource, sys, time
+import json, sys, time
 from ray_stream_llm.fetch import fetch_metadata_report
 from ray_stream_llm.uri import parse_model_uri
 from ray_stream_llm.weights.pull import finished_pull
@@ -93,7 +93,9 @@ for obj in report.weight_objects:
     wait_for(region, obj.path, timeout=3600)
 seconds = time.perf_counter() - started
 record = finished_pull(region)
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# this process's own peak (VmHWM: ru_maxrss would hold the parent's, kept across exec)
+[hwm] = [line for line in open("/proc/self/status") if line.startswith("VmHWM:")]
+rss = int(hwm.split()[1]) * 1024
 held.release()
 print(json.dumps({"seconds": seconds, "bytes": record.bytes if record else None, "rss": rss}))
 """
@@ -245,9 +247,11 @@ def run_scale(
     *,
     repeat: int = 3,
     models: tuple[str, ...] = tuple(MODELS),
+    engines: bool = True,
     progress: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
-    """Every model of ``models``, ``repeat`` times (model by model); the runs."""
+    """Every model of ``models``, ``repeat`` times (model by model); the runs. ``engines``:
+    the engine phases where :data:`MODELS` marks them (else none)."""
     import psutil
 
     from ray_stream_llm.cache import cache_root
@@ -258,13 +262,13 @@ def run_scale(
     runs = []
     with LocalS3Server(workdir / "s3") as server, scoped(server.env()):
         for label in models:
-            layers, files, engines = MODELS[label]
+            layers, files, marked = MODELS[label]
             model_dir = cache_root() / "bench" / f"scale-{layers}x{files}"
             progress(f"{label}: generating the model (cached after the first run) ...")
             generate_model(model_dir, shards=files, layers=layers)
             size = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
-            # a region, a copy of it and the server's cache at once
-            if 2.5 * size > psutil.virtual_memory().available:
+            # the copy's staged files and its fresh memory at once, and the server's cache
+            if 2.1 * size > psutil.virtual_memory().available:
                 progress(f"{label}: skipped, {size / 2**30:.1f} GiB does not fit this node")
                 continue
             uri = f"s3://bench/scale-{layers}x{files}/"
@@ -272,7 +276,16 @@ def run_scale(
             for k in range(1, repeat + 1):
                 progress(f"{label}: run {k}/{repeat}")
                 runs.append(
-                    one_run(label, uri, model_dir, server.env(), server, workdir, progress, engines)
+                    one_run(
+                        label,
+                        uri,
+                        model_dir,
+                        server.env(),
+                        server,
+                        workdir,
+                        progress,
+                        engines and marked,
+                    )
                 )
     return runs
 

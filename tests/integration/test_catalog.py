@@ -700,6 +700,7 @@ def test_docs_table_matches_catalog():
         for case in CASES
         if case.id in MESSAGES
         and f"| {case.input} | `{MESSAGES[case.id][0]}` | "
-        f"{MESSAGES[case.id][1].replace('|', '&#124;')} |" not in text
+        f"{MESSAGES[case.id][1].replace('|', '&#124;')} |"
+        not in text
     ]
     assert stale == [], f"docs/errors.md differs from the raised messages: {stale}"
