@@ -267,7 +267,9 @@ def run_scale(
             progress(f"{label}: generating the model (cached after the first run) ...")
             generate_model(model_dir, shards=files, layers=layers)
             size = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
-            # the copy's staged files and its fresh memory at once, and the server's cache
+            # the copy's staged files and its fresh memory at once, and the server's cache;
+            # the model just written is flushed first (dirty pages are not available)
+            os.sync()
             if 2.1 * size > psutil.virtual_memory().available:
                 progress(f"{label}: skipped, {size / 2**30:.1f} GiB does not fit this node")
                 continue
