@@ -172,7 +172,8 @@ def generate_model(
     config = {**BENCH_MODEL_CONFIG}
     if layers is not None:
         config["num_hidden_layers"] = layers
-    recipe = {"config": config, "shards": shards, "seed": seed}
+    # the config as asked, before the tokenizer's ids are added below
+    recipe = {"config": dict(config), "shards": shards, "seed": seed}
     marker = dest / "ray_stream_llm_bench.json"
     if marker.exists() and json.loads(marker.read_text()) == recipe:
         return dest
