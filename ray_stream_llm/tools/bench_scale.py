@@ -270,8 +270,12 @@ def run_scale(
             # the copy's staged files and its fresh memory at once, and the server's cache;
             # the model just written is flushed first (dirty pages are not available)
             os.sync()
-            if 2.1 * size > psutil.virtual_memory().available:
-                progress(f"{label}: skipped, {size / 2**30:.1f} GiB does not fit this node")
+            available = psutil.virtual_memory().available
+            if 2.1 * size > available:
+                progress(
+                    f"{label}: skipped, 2.1 x {size / 2**30:.1f} GiB does not fit this node's "
+                    f"{available / 2**30:.1f} GiB available"
+                )
                 continue
             uri = f"s3://bench/scale-{layers}x{files}/"
             server.upload_dir(model_dir, uri)
