@@ -565,6 +565,8 @@ def _left_by_ended_rays(
     for path in sorted(state_dir().glob(pattern)):
         try:
             record = kind.from_json(path.read_text())
+        except FileNotFoundError:
+            continue  # finished meanwhile (the local Ray's watch, or the exit hook)
         except (OSError, ValueError):
             logger.warning("cannot read the node agent's record %s", path, exc_info=True)
             path.unlink(missing_ok=True)
@@ -600,7 +602,6 @@ def retire_orphaned_regions(ending: Collection[Raylet] = (), wait: float = 10.0)
     return removed
 
 
-_finishing = threading.Lock()  # the exit hook and a local Ray's watch finish one at a time
 _watched: set[Raylet] = set()  # the local raylets a thread waits on
 
 
@@ -624,11 +625,13 @@ def _local_raylet() -> Raylet | None:
 
 
 def _finish_after(raylets: set[Raylet], ray_ends: bool) -> None:
-    """What the engines of the Rays whose ``raylets`` just ended left: their processes (ended
-    here only where that Ray does not end them), their segments, their regions."""
-    with _finishing:
-        finish_orphaned(ending=raylets, ray_ends=ray_ends)
-        retire_orphaned_regions(ending=raylets)
+    """What the engines of the Rays whose ``raylets`` just ended left: their regions (their
+    holders were that Ray's actors), then their processes (ended here only where that Ray
+    does not end them) and segments. Each record is finished by whoever reads it first
+    (the local Ray's watch, the exit hook: :func:`finish_at_exit` never waits for the
+    watch, which may wait for Ray to end the engines' processes)."""
+    retire_orphaned_regions(ending=raylets)
+    finish_orphaned(ending=raylets, ray_ends=ray_ends)
 
 
 def _wait_for_exit(pid: int) -> None:
