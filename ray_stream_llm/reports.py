@@ -62,9 +62,7 @@ class LoadReport:
     weight_wait_seconds: float | None = None  # waiting for the node's pull, while streaming
     pull_hidden_seconds: float | None = None  # of the node's pull, before this engine streamed
     pull_bytes: int | None = None  # what the node's one pull read (from the store or a peer)
-    pull_source: str | None = (
-        None  # where it read: "store", or "peer <node id>" (integrations/ray/peers)
-    )
+    pull_source: str | None = None  # "store", "peer <node id>" or "kept warm"
     ranks: list[dict[str, Any]] | None = None  # per streaming process (rank): bytes, seconds
     # vLLM's compile phase (integrations/vllm/compile_cache.py): seconds in vLLM's torch.compile
     # blocks (the slowest rank), and "hit" / "miss" / "load failed: <vLLM's reason>"

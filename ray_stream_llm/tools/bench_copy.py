@@ -107,22 +107,44 @@ def region_and_copy(
 ) -> dict[str, Any]:
     """One run: the engine's weight phase from the node's region, then the copy."""
     progress("  copy: one engine streaming from the node's region ...")
+    report = engine_job(model_uri, store_env, workdir / "copy-region", "auto", num_cpus=num_cpus)
+    progress("  copy: one process copying the same bytes from a tmpfs ...")
+    files = sorted(model_dir.glob("*.safetensors"))
+    copied = copy_in_fresh_process(files, tmpfs)
+    return figures(report, copied)
+
+
+def engine_job(
+    model_uri: str,
+    store_env: dict[str, str],
+    workdir: Path,
+    sharing: str,
+    *,
+    num_cpus: int | None = None,
+    prompts: int = len(PROMPTS),
+    timeout: float = 900,
+) -> dict[str, Any]:
+    """One engine job (``enforce_eager``, one engine, ``weight_sharing=sharing``, the first
+    ``prompts`` prompts) in a fresh Ray cluster and HOME; its engine's load report."""
     spec = {
         "model": model_uri,
-        "prompts": list(PROMPTS),
+        "prompts": list(PROMPTS[:prompts]),
         "load_format": "runai_streamer",
         "max_tokens": MAX_TOKENS,
         "num_cpus": num_cpus,
         "sampling": SAMPLING,
         "engine_kwargs": {"enforce_eager": True},
-        "config": {"weight_sharing": "auto", "concurrency": [1, 1]},
+        "config": {"weight_sharing": sharing, "concurrency": [1, 1]},
     }
-    out = run_isolated_job(workdir / "copy-region", spec, store_env)
+    out = run_isolated_job(workdir, spec, store_env, timeout=timeout)
     [report] = out["load_reports"]
-    progress("  copy: one process copying the same bytes from a tmpfs ...")
-    files = sorted(model_dir.glob("*.safetensors"))
-    copied = copy_in_fresh_process(files, tmpfs)
-    return figures(report, copied)
+    return dict(report)
+
+
+def weight_seconds(report: dict[str, Any]) -> float:
+    """An engine's weight phase from its load report: its streaming seconds less those it
+    waited for the node's pull."""
+    return float(report["stream_seconds"]) - float(report.get("weight_wait_seconds") or 0.0)
 
 
 def figures(report: dict[str, Any], copied: dict[str, Any]) -> dict[str, Any]:
@@ -133,7 +155,7 @@ def figures(report: dict[str, Any], copied: dict[str, Any]) -> dict[str, Any]:
             f"{report.get('weight_sharing')!r}"
         )
     waited = float(report.get("weight_wait_seconds") or 0.0)
-    weight = float(report["stream_seconds"]) - waited
+    weight = weight_seconds(report)
     return {
         "weight_seconds": weight,
         "weight_wait_seconds": waited,

@@ -45,8 +45,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ray_stream_llm.tools.bench_copy import copy_in_fresh_process, where
-from ray_stream_llm.tools.bench_job import MAX_TOKENS, PROMPTS, SAMPLING, run_isolated_job
+from ray_stream_llm.tools.bench_copy import (
+    copy_in_fresh_process,
+    engine_job,
+    weight_seconds,
+    where,
+)
 
 # label -> (decoder layers of bench.BENCH_MODEL_CONFIG's shape, files, whether the engine
 # phases run); about 50 MB a layer and 0.3 GB of embeddings. The engine phases (two engine
@@ -177,20 +181,10 @@ def md5_seconds(files: list[Path]) -> float:
 def engine_weight_seconds(uri: str, env: dict[str, str], workdir: Path, sharing: str) -> float:
     """One engine job's weight phase (``enforce_eager``): from the node's region
     (``sharing="auto"``, less its wait for the pull) or the store (``"off"``)."""
-    spec = {
-        "model": uri,
-        "prompts": list(PROMPTS[:2]),
-        "load_format": "runai_streamer",
-        "max_tokens": MAX_TOKENS,
-        "sampling": SAMPLING,
-        "engine_kwargs": {"enforce_eager": True},
-        "config": {"weight_sharing": sharing, "concurrency": [1, 1]},
-    }
-    out = run_isolated_job(workdir, spec, env, timeout=1800)
-    [report] = out["load_reports"]
+    report = engine_job(uri, env, workdir, sharing, prompts=2, timeout=1800)
     if (report.get("weight_sharing") == "node") != (sharing == "auto"):
         raise RuntimeError(f"the engine's weights did not come from where asked: {report}")
-    return float(report["stream_seconds"]) - float(report.get("weight_wait_seconds") or 0.0)
+    return weight_seconds(report)
 
 
 def one_run(

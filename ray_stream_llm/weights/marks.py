@@ -138,7 +138,8 @@ def fanout(region: Path) -> int:
 @dataclasses.dataclass(frozen=True)
 class PullSource:
     """Where a node's pull read: ``source`` is ``"store"``, ``"peer <node id>"`` or
-    ``"kept warm"``; the bytes from each, the peers given up on the way."""
+    ``"kept warm"``; the bytes from each, the peers given up on the way (also in
+    :data:`PEER_RECORD`, while the pull reads)."""
 
     source: str = "store"
     peer_bytes: int = 0
@@ -148,8 +149,8 @@ class PullSource:
 
 @dataclasses.dataclass(frozen=True)
 class PullRecord:
-    """The pull that filled a region (:data:`PULL_RECORD`, and with ``finished`` 0 while it
-    reads: :data:`PEER_RECORD`): when, how many bytes, from where, by which process."""
+    """The pull that filled a region (:data:`PULL_RECORD`): when, how many bytes, from
+    where, by which process."""
 
     started: float
     finished: float

@@ -683,9 +683,8 @@ def finish_at_exit() -> None:
     engines (SIGKILL, all at once), so what the engines' processes left is finished here,
     after it (their processes are ended here only where that Ray leaves them running:
     ``compat.ray_ends_workers_processes``): Ray is shut down first (what its own exit hook
-    does next, and a second call does nothing), then :func:`finish_orphaned` and
-    :func:`retire_orphaned_regions`. A driver that joined a running cluster leaves the work
-    to its agents, which outlive it."""
+    does next, and a second call does nothing), then :func:`_finish_after`. A driver that
+    joined a running cluster leaves the work to its agents, which outlive it."""
     import ray
 
     from ray_stream_llm.integrations.ray.compat import ray_ends_workers_processes, settle_ray_data
